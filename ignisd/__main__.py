@@ -1,0 +1,4 @@
+from ignisd.cli import main
+import sys
+
+sys.exit(main())

@@ -1,0 +1,185 @@
+"""Composition root: load the model, size the KV pool, start engine + server, handle signals, sd_notify (DESIGN §2-§3).
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import torch
+
+from ignisd.cache.device_pages import DevicePages
+from ignisd.cache.kv_format import get_kv_format
+from ignisd.cache.manager import CacheManager
+from ignisd.cache.page_pool import PagePool
+from ignisd.config import Config
+from ignisd.engine import Engine
+from ignisd.handlers import Handlers
+from ignisd.log import get_logger
+from ignisd.metrics import Metrics
+from ignisd.model.loader import load_model
+from ignisd.runner import Runner
+from ignisd.scheduler import Scheduler
+from ignisd.server import Server
+from ignisd.text.chat_template import ChatTemplate
+from ignisd.text.tokenizer import Tokenizer
+
+log = get_logger("model")
+PAGE_TOKENS = 64
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message says why and what to change."""
+
+
+def sd_notify(state: str) -> None:
+    """Send `state` (e.g. "READY=1") to systemd's notify socket when $NOTIFY_SOCKET is set (sd_notify(3))."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(addr)
+            s.sendall(state.encode())
+        except OSError:
+            pass
+
+
+def _mem_available_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def choose_kv_format(cfg: Config, spec) -> str:
+    """model.kv_format, or the default of DESIGN §6 (fp32 on the CPU). Raises StartupError for hq-e8-2b (not yet)."""
+    fmt = cfg.model.kv_format or "fp32"
+    if fmt == "hq-e8-2b":
+        raise StartupError("model.kv_format = 'hq-e8-2b' is not available in this build; allowed: fp32, bf16")
+    get_kv_format(fmt)
+    return fmt
+
+
+def plan_pool_pages(cfg: Config, spec, fmt: str, context: int) -> int:
+    """KV pool pages from vram.kv_pool_bytes (bytes, or tokens with `tok`), else lanes × context tokens capped at
+    half of MemAvailable. Raises StartupError when the budget holds less than one page."""
+    page_bytes = spec.kv_bytes_per_token(fmt) * PAGE_TOKENS
+    size = cfg.vram.kv_pool_bytes
+    if size is None:
+        want = cfg.server.lanes * context * spec.kv_bytes_per_token(fmt)
+        budget = min(want, _mem_available_bytes() // 2)
+        pages = budget // page_bytes
+    elif size.tokens is not None:
+        pages = -(-size.tokens // PAGE_TOKENS)
+    else:
+        pages = size.bytes // page_bytes
+    if pages < 1:
+        raise StartupError(f"vram.kv_pool_bytes holds no whole page (a page is {page_bytes} bytes = "
+                           f"{PAGE_TOKENS} tokens); raise it")
+    return int(pages)
+
+
+def prepare_socket(path: str, mode: int) -> None:
+    """Make the socket's directory; remove a stale socket file; refuse when a live daemon answers there."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.exists() or p.is_socket():
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            try:
+                s.connect(path)
+            except OSError as e:
+                if e.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
+                    raise
+            else:
+                raise StartupError(f"another ignisd is already serving on {path}; stop it or pass --socket")
+        p.unlink(missing_ok=True)
+
+
+class Daemon:
+    """The whole process: model, pool, engine, server. Build with `Daemon(cfg)`, run with `await daemon.run()`."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        prepare_socket(cfg.server.socket, cfg.server.socket_mode)  # refuse before the slow model load
+        t0 = time.monotonic()
+        torch.set_num_threads(cfg.server.threads or os.cpu_count() or 1)
+        self.loaded = load_model(cfg.model.path)
+        spec = self.loaded.spec
+        src = self.loaded.source
+        self.tokenizer = Tokenizer.from_gguf(src) if self.loaded.kind == "gguf" else Tokenizer.from_dir(src)
+        tk = self.tokenizer
+        self.template = ChatTemplate(tk.chat_template, tk.bos_token, tk.eos_token) if tk.chat_template else None
+        self.kv_format = choose_kv_format(cfg, spec)
+        context = spec.context_tokens
+        if cfg.model.context_tokens is not None:
+            if cfg.model.context_tokens > spec.context_tokens:
+                raise StartupError(f"model.context_tokens = {cfg.model.context_tokens} exceeds the model's context "
+                                   f"of {spec.context_tokens} tokens")
+            context = cfg.model.context_tokens
+        self.context = context
+        pages = plan_pool_pages(cfg, spec, self.kv_format, context)
+        self.kv = DevicePages(spec, pages, self.kv_format, page_tokens=PAGE_TOKENS)
+        self.metrics = Metrics()
+        pool = PagePool(pages, PAGE_TOKENS)
+        cache = CacheManager(pool, self.kv.page_bytes)
+        self.scheduler = Scheduler(cache, lanes=cfg.server.lanes, context_tokens=context,
+                                   prefill_chunk=cfg.server.prefill_chunk,
+                                   round_prefill_tokens=cfg.server.round_prefill_tokens,
+                                   max_queue=cfg.server.max_queue)
+        self.engine = Engine(self.scheduler, Runner(self.loaded.model, self.kv), self.metrics)
+        self.metrics.kv_pool_pages.set(pages)
+        self.metrics.kv_page_bytes.set(self.kv.page_bytes)
+        model_info = {"name": spec.name, "arch": spec.arch, "kv_format": self.kv_format,
+                      "context_tokens": context, "page_tokens": PAGE_TOKENS, "page_bytes": self.kv.page_bytes,
+                      "state_bytes": 0}
+        api_key = None
+        if cfg.server.api_key_file:
+            try:
+                api_key = Path(cfg.server.api_key_file).read_text().strip()
+            except OSError as e:
+                raise StartupError(f"server.api_key_file {cfg.server.api_key_file!r}: {e.strerror}") from None
+            if not api_key:
+                raise StartupError(f"server.api_key_file {cfg.server.api_key_file!r} is empty")
+        self.handlers = Handlers(self.engine, tk, self.template, model_info=model_info, context_tokens=context,
+                                 default_max_tokens=cfg.server.default_max_tokens,
+                                 developer_policy=cfg.server.developer_message_policy, metrics=self.metrics)
+        self.server = Server(self.engine, self.handlers, max_line_bytes=cfg.server.max_line_bytes,
+                             max_inflight=cfg.server.max_inflight_per_connection, api_key=api_key)
+        log.info("vram_plan", model=spec.name, model_bytes=self.loaded.weight_bytes, kv_format=self.kv_format,
+                 page_bytes=self.kv.page_bytes, kv_pool_pages=pages, kv_pool_tokens=pages * PAGE_TOKENS,
+                 kv_pool_bytes=self.kv.nbytes, context_tokens=context, lanes=cfg.server.lanes,
+                 load_ms=f"{(time.monotonic() - t0) * 1e3:.0f}")
+
+    async def run(self) -> None:
+        """Serve until SIGTERM/SIGINT; then stop accepting, let the round in flight end, and remove the socket."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        path = self.cfg.server.socket
+        prepare_socket(path, self.cfg.server.socket_mode)
+        engine_task = asyncio.create_task(self.engine.run())
+        await self.server.start(path)
+        os.chmod(path, self.cfg.server.socket_mode)
+        if self.cfg.server.socket_group:
+            import grp
+            os.chown(path, -1, grp.getgrnam(self.cfg.server.socket_group).gr_gid)
+        get_logger("srv").info("listening", socket=path, pid=os.getpid())
+        sd_notify("READY=1")
+        await stop.wait()
+        sd_notify("STOPPING=1")
+        get_logger("srv").info("stopping")
+        await self.server.close()
+        self.engine.stop()
+        await engine_task
+        Path(path).unlink(missing_ok=True)

@@ -1,0 +1,172 @@
+"""The round loop: the one coroutine that owns the scheduler and the cache (DESIGN §2).
+
+Commands from the server (Submit, Cancel) are queued and applied only between rounds; each round's forward pass
+runs in one worker thread so the event loop keeps serving sockets. Events go back to per-request asyncio queues.
+When the daemon goes idle the pool's integrity check runs once (free + held = total, refcounts = holders).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ignisd.log import get_logger
+from ignisd.request import Cancel, DoneEvent, ErrorEvent, FinishReason, Request, Submit, TokenEvent
+from ignisd.scheduler import AdmissionError, QueueFull, Scheduler
+
+log = get_logger("sched")
+
+
+class Engine:
+    """Runs rounds until stopped.
+
+    scheduler: the Scheduler (its CacheManager is `scheduler.cache`). runner: executes RoundPlans (ignisd.runner).
+    metrics: ignisd.metrics.Metrics or None.
+    """
+
+    def __init__(self, scheduler: Scheduler, runner, metrics=None):
+        self.scheduler = scheduler
+        self.cache = scheduler.cache
+        self.runner = runner
+        self.metrics = metrics
+        self._commands: list = []
+        self._wake = asyncio.Event()
+        self._handles: dict[str, asyncio.Queue] = {}
+        self._last_token_at: dict[str, float] = {}
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ignis-forward")
+        self._stopping = False
+        self.rounds = 0
+        self.integrity_checks = 0
+
+    # ---- server side ----
+    def submit(self, req: Request) -> asyncio.Queue:
+        """Queue `req`; returns the queue its TokenEvent / DoneEvent / ErrorEvent objects arrive on.
+
+        Raises ValueError if a request with the same rid is in flight.
+        """
+        if req.rid in self._handles:
+            raise ValueError(f"request {req.rid} already in flight")
+        q: asyncio.Queue = asyncio.Queue()
+        self._handles[req.rid] = q
+        self._commands.append(Submit(req))
+        self._wake.set()
+        return q
+
+    def cancel(self, rid: str, reason: FinishReason = FinishReason.CANCELLED) -> bool:
+        """Ask the engine to end `rid` at the next round boundary. Returns whether it was in flight."""
+        if rid not in self._handles:
+            return False
+        self._commands.append(Cancel(rid, reason))
+        self._wake.set()
+        return True
+
+    def stop(self) -> None:
+        """Make `run()` return after the round in flight."""
+        self._stopping = True
+        self._wake.set()
+
+    # ---- the loop ----
+    def _emit(self, ev) -> None:
+        q = self._handles.get(ev.rid)
+        if q is None:
+            return
+        q.put_nowait(ev)
+        if isinstance(ev, (DoneEvent, ErrorEvent)):
+            del self._handles[ev.rid]
+            self.runner.forget(ev.rid)
+            self._last_token_at.pop(ev.rid, None)
+
+    def _apply_commands(self) -> None:
+        cmds, self._commands = self._commands, []
+        for cmd in cmds:
+            if isinstance(cmd, Submit):
+                try:
+                    self.scheduler.submit(cmd.request)
+                except AdmissionError as e:
+                    self._emit(ErrorEvent(cmd.request.rid, e.code, e.message, e.field))
+                except QueueFull as e:
+                    self._emit(ErrorEvent(cmd.request.rid, "busy", str(e), None))
+            elif isinstance(cmd, Cancel):
+                for ev in self.scheduler.cancel(cmd.rid, cmd.reason):
+                    self._emit(ev)
+
+    def _observe(self, plan, events, round_s: float) -> None:
+        m = self.metrics
+        now = time.monotonic()
+        for ev in events:
+            if isinstance(ev, TokenEvent) and m is not None:
+                last = self._last_token_at.get(ev.rid)
+                if last is None:
+                    pass
+                else:
+                    m.inter_token_seconds.observe(now - last)
+            if isinstance(ev, TokenEvent):
+                self._last_token_at[ev.rid] = now
+            if isinstance(ev, DoneEvent) and m is not None:
+                if ev.ttft_ms > 0:
+                    m.ttft_seconds.observe(ev.ttft_ms / 1e3)
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        c = self.scheduler.counts()
+        m.kv_pool_used_pages.set(self.cache.pool.used)
+        m.lanes_busy.set(c["prefill"] + c["decode"])
+        m.queue_depth.set(c["waiting"])
+
+    async def run(self) -> None:
+        """The round loop; returns after stop()."""
+        loop = asyncio.get_running_loop()
+        checked = True
+        while not self._stopping:
+            self._apply_commands()
+            if self.scheduler.idle():
+                self._update_gauges()
+                if not checked:
+                    self.cache.check_integrity()
+                    self.integrity_checks += 1
+                    checked = True
+                self._wake.clear()
+                if not self._commands and not self._stopping:
+                    await self._wake.wait()
+                continue
+            checked = False
+            plan = self.scheduler.schedule()
+            if not plan.items:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            prefill_tokens, decode_tokens = plan.prefill_tokens, plan.decode_tokens
+            t0 = time.monotonic()
+            try:
+                results = await loop.run_in_executor(self._executor, self.runner.execute, plan)
+            except Exception as e:  # a failed forward fails only the requests in it
+                log.error("round_failed", error=repr(e))
+                for rid in {it.seq.rid for it in plan.items}:
+                    for ev in self.scheduler.cancel(rid, FinishReason.CANCELLED):
+                        self._emit(ErrorEvent(ev.rid, "internal", f"forward pass failed: {e!r}", None))
+                continue
+            self.rounds += 1
+            events = self.scheduler.update(plan, results)
+            if self.metrics is not None:
+                self.metrics.prefill_tokens_total.inc(prefill_tokens)
+                self.metrics.decode_tokens_total.inc(decode_tokens)
+            self._observe(plan, events, time.monotonic() - t0)
+            for ev in events:
+                self._emit(ev)
+            await asyncio.sleep(0)  # let the server write what this round produced
+        self._executor.shutdown(wait=True)
+
+    def status(self) -> dict:
+        """The engine's part of the `status` op: lanes, queue, kv_pool, requests."""
+        c = self.scheduler.counts()
+        pool = self.cache.pool
+        return {
+            "lanes": {k: c[k] for k in ("total", "prefill", "decode", "evicted")},
+            "queue": {"waiting": c["waiting"]},
+            "kv_pool": {"pages_total": pool.total, "pages_free": pool.free,
+                        "pages_live": self.cache.live_pages(), "pages_retained": 0},
+            "requests": self.scheduler.requests(),
+        }

@@ -1,0 +1,206 @@
+"""Op handlers: what each wire op does, at the edge (DESIGN §2, §5).
+
+Chat templates, tokenization, detokenization and stop strings live here and never in the engine: a chat or
+completion op becomes token ids and a Request; the engine's token events come back through a StreamDecoder
+(UTF-8-safe, stop-string-aware) and leave as `delta` / `done` replies. †: imports no torch.
+"""
+from __future__ import annotations
+
+import time
+
+from ignis_client import protocol as P
+from ignisd.log import get_logger
+from ignisd.request import DoneEvent, ErrorEvent, FinishReason, Priority, Request, SamplingParams, TokenEvent
+from ignisd.text.chat_template import prepare_messages
+from ignisd.text.stream import StreamDecoder
+
+log = get_logger("srv")
+
+
+class Handlers:
+    """Answers ops for one loaded model.
+
+    engine: ignisd.engine.Engine. tokenizer: ignisd.text.tokenizer.Tokenizer. template: ChatTemplate or None.
+    model_info: the `status.model` object. context_tokens: prompt + generation cap (tokens).
+    default_max_tokens: used when a request gives none (capped at what the context leaves).
+    developer_policy: server.developer_message_policy. metrics: ignisd.metrics.Metrics or None.
+    """
+
+    def __init__(self, engine, tokenizer, template, *, model_info: dict, context_tokens: int,
+                 default_max_tokens: int, developer_policy: str, metrics=None, slots_info: dict | None = None):
+        self.engine = engine
+        self.tok = tokenizer
+        self.template = template
+        self.model_info = model_info
+        self.context_tokens = context_tokens
+        self.default_max_tokens = default_max_tokens
+        self.developer_policy = developer_policy
+        self.metrics = metrics
+        self.slots_info = slots_info or {"device_total": 0, "device_free": 0, "host_total": 0, "host_free": 0}
+
+    async def handle(self, conn, op) -> None:
+        """Answer `op` on `conn`. Raises ProtocolError for request errors (the caller replies with it)."""
+        kind = type(op).__name__
+        if kind == "ChatOp":
+            ids = self.render_chat(op)
+            await self.generate(conn, op, ids)
+        elif kind == "CompletionOp":
+            ids = self.completion_ids(op)
+            await self.generate(conn, op, ids)
+        elif kind == "TokenizeOp":
+            await conn.send(P.result(op.id, self.tokenize(op)))
+        elif kind == "DetokenizeOp":
+            self._check_ids(op.tokens, "tokens")
+            await conn.send(P.result(op.id, {"text": self.tok.decode(list(op.tokens))}))
+        elif kind == "CancelOp":
+            rid = conn.rids.get(op.target)
+            ok = rid is not None and self.engine.cancel(rid)
+            await conn.send(P.result(op.id, {"cancelled": bool(ok)}))
+        elif op.op == "health":
+            await conn.send(P.result(op.id, {"ok": True, "model": self.model_info["name"]}))
+        elif op.op == "status":
+            await conn.send(P.result(op.id, self.status()))
+        elif op.op == "metrics":
+            await conn.send(P.result(op.id, {"text": self.metrics.render() if self.metrics else ""}))
+        elif op.op == "reset":
+            await conn.send(P.result(op.id, {"dropped": 0}))
+        else:
+            raise P.ProtocolError("unknown_op", f"unknown op {op.op!r}", "op")
+
+    # ---- prompts ----
+    def _messages(self, op) -> list[dict]:
+        if self.template is None:
+            raise P.ProtocolError("model_unsupported", "the model has no chat template; use the completion op",
+                                  "messages")
+        try:
+            msgs = prepare_messages(op.messages, self.developer_policy)
+        except ValueError as e:
+            field, _, msg = str(e).partition(": ")
+            raise P.ProtocolError("bad_request", msg or str(e), field if msg else "messages") from None
+        if op.tools and not self.template.uses("tools"):
+            raise P.ProtocolError("model_unsupported", "this model's chat template does not render tools", "tools")
+        return msgs
+
+    def render_text(self, op) -> str:
+        """The chat body rendered with the model's template (ending in the generation opener)."""
+        msgs = self._messages(op)
+        kwargs = dict(op.chat_template_kwargs or {})
+        try:
+            return self.template.render(msgs, tools=op.tools or None, add_generation_prompt=True, **kwargs)
+        except Exception as e:  # jinja2 raise_exception() and template errors are the request's fault
+            raise P.ProtocolError("bad_request", f"chat template: {e}", "messages") from None
+
+    def render_chat(self, op) -> list[int]:
+        """Token ids of the rendered chat prompt."""
+        return self.tok.encode(self.render_text(op))
+
+    def _check_ids(self, ids, field: str) -> None:
+        v = self.tok.vocab_size
+        for i, t in enumerate(ids):
+            if not 0 <= t < v:
+                raise P.ProtocolError("bad_request", f"token id {t} is outside the vocabulary [0, {v})",
+                                      f"{field}[{i}]")
+
+    def completion_ids(self, op) -> list[int]:
+        """Token ids of a completion prompt (text is tokenized without special-token insertion)."""
+        if isinstance(op.prompt, str):
+            return self.tok.encode(op.prompt)
+        self._check_ids(op.prompt, "prompt")
+        return list(op.prompt)
+
+    def tokenize(self, op) -> dict:
+        """The `tokenize` op's result: tokens, offsets, text, and for chat bodies message spans and cut points."""
+        messages = None
+        if op.text is not None:
+            text = op.text
+        else:
+            text = self.render_text(op.chat)
+        ids, offsets = self.tok.encode_with_offsets(text)
+        out = {"tokens": ids, "offsets": [list(o) for o in offsets], "text": text}
+        if op.text is None:
+            messages = []
+            out["messages"] = messages
+            out["cut_points"] = {"publish": 0, "opener": 0}
+        return out
+
+    # ---- generation ----
+    def _sampling(self, op, prompt_len: int) -> SamplingParams:
+        s = op.sampling
+        max_tokens = s.max_tokens
+        if max_tokens is None:
+            max_tokens = max(1, min(self.default_max_tokens, self.context_tokens - prompt_len))
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
+            seed=s.seed, stop_token_ids=frozenset(self.tok.stop_token_ids),
+            logprobs=bool(op.logprobs), top_logprobs=op.top_logprobs or 0)
+
+    def _logprob_entry(self, ev: TokenEvent) -> dict:
+        return {"token": self.tok.decode([ev.token_id]), "token_id": ev.token_id, "logprob": ev.logprob,
+                "top_logprobs": [{"token": self.tok.decode([t]), "token_id": t, "logprob": lp}
+                                 for t, lp in (ev.top or [])]}
+
+    async def generate(self, conn, op, ids: list[int]) -> None:
+        """Run one chat/completion request through the engine and stream its replies on `conn`."""
+        is_chat = type(op).__name__ == "ChatOp"
+        prompt_logprobs = getattr(op, "prompt_logprobs", None)
+        req = Request(rid=conn.rid(op.id), prompt_ids=ids, sampling=self._sampling(op, len(ids)),
+                      priority=Priority(op.priority), prompt_logprobs=prompt_logprobs,
+                      cache_prompt=op.cache_prompt)
+        decoder = StreamDecoder(self.tok, list(op.sampling.stop))
+        queue = self.engine.submit(req)
+        conn.rids[op.id] = req.rid
+        consumed = 0
+        logprobs: list[dict] = []
+        pending_lp: list[dict] = []
+        stop_hit = False
+        while True:
+            ev = await queue.get()
+            if isinstance(ev, ErrorEvent):
+                raise P.ProtocolError(ev.code, ev.message, ev.field)
+            if isinstance(ev, TokenEvent):
+                if stop_hit:
+                    continue
+                consumed += 1
+                piece = decoder.push(ev.token_id)
+                if op.logprobs:
+                    entry = self._logprob_entry(ev)
+                    logprobs.append(entry)
+                    pending_lp.append(entry)
+                if decoder.stopped:
+                    stop_hit = True
+                    self.engine.cancel(req.rid, FinishReason.STOP)
+                if op.stream and (piece or pending_lp) and not conn.closed:
+                    await conn.send(P.delta(op.id, piece, logprobs=pending_lp or None))
+                    pending_lp = []
+                continue
+            assert isinstance(ev, DoneEvent)
+            break
+        tail = "" if stop_hit else decoder.flush()
+        if op.stream and tail and not conn.closed:
+            await conn.send(P.delta(op.id, tail))
+        finish = FinishReason.STOP if stop_hit else ev.finish_reason
+        generated = consumed if stop_hit else ev.generated_tokens
+        text = decoder.text
+        usage = {"prompt_tokens": ev.prompt_tokens, "completion_tokens": generated,
+                 "total_tokens": ev.prompt_tokens + generated,
+                 "prompt_tokens_details": {"cached_tokens": ev.cached_tokens}}
+        timings = {"queue_ms": round(ev.queue_ms, 3), "load_ms": 0.0, "ttft_ms": round(ev.ttft_ms, 3),
+                   "prefill_tokens_per_s": round(ev.prefill_tokens_per_s, 2),
+                   "decode_tokens_per_s": round(ev.decode_tokens_per_s, 2)}
+        reuse = P.empty_reuse(reason="reuse_off" if not op.cache_prompt else "miss")
+        message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None} \
+            if is_chat else None
+        if self.metrics is not None:
+            self.metrics.requests_total.labels(finish_reason=finish.value).inc()
+        log.info("done", id=op.id, prompt=ev.prompt_tokens, cached=ev.cached_tokens, prefilled=ev.prefilled_tokens,
+                 generated=generated, tier="none", kind="none", ttft_ms=f"{ev.ttft_ms:.1f}",
+                 tok_s=f"{ev.decode_tokens_per_s:.1f}", finish=finish.value)
+        await conn.send(P.done(op.id, text, finish.value, usage, timings, reuse, message=message,
+                               logprobs=logprobs if op.logprobs else None,
+                               prompt_logprobs=ev.prompt_logprobs))
+
+    def status(self) -> dict:
+        """The full `status` object of DESIGN §5 (zeros where a feature does not exist yet)."""
+        st = self.engine.status()
+        return {"model": self.model_info, "lanes": st["lanes"], "queue": st["queue"], "kv_pool": st["kv_pool"],
+                "slots": dict(self.slots_info), "tiers": [], "retained": [], "requests": st["requests"]}

@@ -1,0 +1,74 @@
+"""Prometheus metrics of one daemon (prometheus-client, in a registry of its own). †: imports no torch.
+
+Served by the ``metrics`` op (``{"text": render()}``) and, later, over HTTP. Names and units follow the Prometheus
+conventions: seconds, ``_total`` on counters (added by prometheus-client), ``_bytes`` on sizes.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+from ignis_client.protocol import ERROR_CODES, FINISH_REASONS
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    """All metrics of ignisd. Attributes (prometheus-client objects; call .set/.inc/.observe on them):
+
+    kv_pool_pages (gauge, pages in the KV pool), kv_pool_used_pages (gauge, pages held by sequences or retained
+    states), kv_page_bytes (gauge, bytes of one page over all attention layers, K and V), lanes_busy (gauge, lanes
+    running a request), queue_depth (gauge, requests waiting), prefill_tokens (counter ``ignis_prefill_tokens_total``,
+    prompt tokens run through the model), decode_tokens (counter ``ignis_decode_tokens_total``, tokens generated),
+    requests (counter ``ignis_requests_total{finish_reason}``, finished requests), errors (counter
+    ``ignis_errors_total{code}``, error replies), ttft_seconds (histogram, arrival → first token),
+    inter_token_seconds (histogram, gap between consecutive tokens of one request).
+    """
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.kv_pool_pages = Gauge("ignis_kv_pool_pages", "Pages in the KV pool.", registry=r)
+        self.kv_pool_used_pages = Gauge("ignis_kv_pool_used_pages",
+                                        "KV pool pages held by live sequences or retained states.", registry=r)
+        self.kv_page_bytes = Gauge("ignis_kv_page_bytes",
+                                   "Bytes of one KV page (64 tokens, every attention layer, K and V).", registry=r)
+        self.lanes_busy = Gauge("ignis_lanes_busy", "Decode lanes running a request.", registry=r)
+        self.queue_depth = Gauge("ignis_queue_depth", "Requests waiting for admission.", registry=r)
+        self.prefill_tokens = Counter("ignis_prefill_tokens", "Prompt tokens run through the model (prefill).",
+                                      registry=r)
+        self.decode_tokens = Counter("ignis_decode_tokens", "Tokens generated (decode).", registry=r)
+        self.requests = Counter("ignis_requests", "Requests finished, by finish reason.", ["finish_reason"],
+                                registry=r)
+        self.errors = Counter("ignis_errors", "Error replies sent, by error code.", ["code"], registry=r)
+        self.ttft_seconds = Histogram("ignis_ttft_seconds", "Time from a request's arrival to its first token.",
+                                      buckets=TTFT_BUCKETS, registry=r)
+        self.inter_token_seconds = Histogram("ignis_inter_token_seconds",
+                                             "Time between consecutive generated tokens of one request.",
+                                             buckets=INTER_TOKEN_BUCKETS, registry=r)
+        for reason in FINISH_REASONS:          # present at 0 from the start, so rates work from the first scrape
+            self.requests.labels(finish_reason=reason)
+        for code in ERROR_CODES:
+            self.errors.labels(code=code)
+
+    def set_pool(self, pages: int, used_pages: int, page_bytes: int) -> None:
+        """Update the three KV pool gauges at once (pages, used pages, bytes per page)."""
+        self.kv_pool_pages.set(pages)
+        self.kv_pool_used_pages.set(used_pages)
+        self.kv_page_bytes.set(page_bytes)
+
+    def request_finished(self, finish_reason: str) -> None:
+        """Count one finished request. Raises ValueError for a finish reason outside protocol.FINISH_REASONS."""
+        if finish_reason not in FINISH_REASONS:
+            raise ValueError(f"unknown finish_reason {finish_reason!r}")
+        self.requests.labels(finish_reason=finish_reason).inc()
+
+    def error_sent(self, code: str) -> None:
+        """Count one error reply. Raises ValueError for a code outside protocol.ERROR_CODES."""
+        if code not in ERROR_CODES:
+            raise ValueError(f"unknown error code {code!r}")
+        self.errors.labels(code=code).inc()
+
+    def render(self) -> str:
+        """The Prometheus text exposition (format 0.0.4) of this registry."""
+        return generate_latest(self.registry).decode("utf-8")

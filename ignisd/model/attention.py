@@ -1,0 +1,104 @@
+"""Full-attention layer over paged KV: fused QKV projection, rotary, KV write, paged attention, output projection.
+
+The n new tokens of every sequence in a ForwardBatch share one QKV and one output matmul; attention itself runs
+per sequence through ignis_kernels.attention (decode tokens of several sequences together in one padded call).
+Keys/values are written to the pool first and attention reads them back from it, so a token sees exactly the
+stored (possibly bf16-rounded) values whatever the chunking.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import ignis_kernels.attention as kattn
+from ignisd.cache.device_pages import DevicePages
+from ignisd.model.batch import ForwardBatch
+from ignisd.model.layers import apply_rope
+
+
+@dataclass
+class AttentionPlan:
+    """How one ForwardBatch's attention is split, computed once per forward and shared by all layers.
+
+    prefill: per multi-token chunk (first row in T, n, start, read_slots [start+n]).
+    decode_rows: LongTensor [B] rows of the single-token chunks; decode_slots: LongTensor [B, L] padded slot table
+    (padding repeats slot 0 of the row's own context, masked); decode_lens: LongTensor [B] context lengths.
+    whole: the batch is one chunk covering all T rows (no scatter needed).
+    """
+
+    prefill: list[tuple[int, int, int, torch.Tensor]]
+    decode_rows: torch.Tensor | None
+    decode_slots: torch.Tensor | None
+    decode_lens: torch.Tensor | None
+    whole: bool
+
+    @classmethod
+    def from_batch(cls, batch: ForwardBatch) -> "AttentionPlan":
+        """Split `batch` into per-sequence prefill calls and one batched decode call."""
+        prefill, rows, slots, lens = [], [], [], []
+        row = 0
+        for n, start, rs in zip(batch.seq_lens, batch.starts, batch.read_slots):
+            if n == 1:
+                rows.append(row)
+                slots.append(rs)
+                lens.append(rs.shape[0])
+            else:
+                prefill.append((row, n, start, rs))
+            row += n
+        d_rows = d_slots = d_lens = None
+        if rows:
+            width = max(lens)
+            table = torch.empty(len(rows), width, dtype=torch.long)
+            for i, rs in enumerate(slots):
+                table[i, :rs.shape[0]] = rs
+                table[i, rs.shape[0]:] = rs[0]
+            d_rows = torch.tensor(rows, dtype=torch.long)
+            d_slots = table.to(batch.input_ids.device)
+            d_lens = torch.tensor(lens, dtype=torch.long, device=batch.input_ids.device)
+        return cls(prefill, d_rows, d_slots, d_lens, whole=len(batch.seq_lens) == 1)
+
+
+class Attention:
+    """One llama self-attention layer.
+
+    w_qkv: [(Hq + 2 Hkv) * d, H] (q rows, k rows, v rows in HF rotate-half order); w_o: [H, Hq * d];
+    optional biases b_qkv, b_o. num_heads, num_kv_heads, head_dim: counts. kv_layer: this layer's row in
+    DevicePages.k / .v. Scale 1/sqrt(head_dim).
+    """
+
+    def __init__(self, w_qkv: torch.Tensor, w_o: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                 kv_layer: int, b_qkv: torch.Tensor | None = None, b_o: torch.Tensor | None = None) -> None:
+        self.w_qkv, self.w_o, self.b_qkv, self.b_o = w_qkv, w_o, b_qkv, b_o
+        self.hq, self.hkv, self.d = num_heads, num_kv_heads, head_dim
+        self.kv_layer = kv_layer
+        self.q_dim, self.kv_dim = num_heads * head_dim, num_kv_heads * head_dim
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
+                 plan: AttentionPlan, kv: DevicePages) -> torch.Tensor:
+        """x: [T, H] normed hidden states; cos, sin: [T, 1, d] rotary tables of batch.positions. Writes this
+        layer's K/V of the T tokens to `kv` at batch.slot_mapping and returns the attention output [T, H]."""
+        t = x.shape[0]
+        qkv = F.linear(x, self.w_qkv, self.b_qkv)
+        qk = qkv[:, :self.q_dim + self.kv_dim].view(t, self.hq + self.hkv, self.d)
+        qk = apply_rope(qk, cos, sin)
+        q, k = qk[:, :self.hq], qk[:, self.hq:]
+        v = qkv[:, self.q_dim + self.kv_dim:].view(t, self.hkv, self.d)
+        kv.write(self.kv_layer, batch.slot_mapping, k, v)
+        k_cache, v_cache = kv.k[self.kv_layer], kv.v[self.kv_layer]
+        if plan.whole and plan.prefill:
+            _, n, start, rs = plan.prefill[0]
+            out = kattn.paged_attention(q, k_cache, v_cache, rs, start).reshape(t, self.q_dim)
+            return F.linear(out, self.w_o, self.b_o)
+        out = torch.empty(t, self.hq, self.d, dtype=x.dtype, device=x.device)
+        for row, n, start, rs in plan.prefill:
+            out[row:row + n] = kattn.paged_attention(q[row:row + n], k_cache, v_cache, rs, start)
+        if plan.decode_rows is not None:
+            if plan.whole or plan.decode_rows.shape[0] == t:
+                out = kattn.paged_decode_attention(q, k_cache, v_cache, plan.decode_slots, plan.decode_lens)
+            else:
+                qd = q.index_select(0, plan.decode_rows)
+                od = kattn.paged_decode_attention(qd, k_cache, v_cache, plan.decode_slots, plan.decode_lens)
+                out.index_copy_(0, plan.decode_rows, od)
+        return F.linear(out.reshape(t, self.q_dim), self.w_o, self.b_o)

@@ -1,0 +1,119 @@
+"""ForwardBatch: the tensors of one model forward that mixes prefill chunks and decode tokens of several sequences.
+
+Tokens of all sequences are concatenated in SeqChunk order into T rows; the linear layers run on all T rows at
+once, attention runs per sequence over that sequence's KV slots (read_slots).
+Slot of position p of a sequence = page_ids[p // page_tokens] * page_tokens + p % page_tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+LOGITS_MODES = ("last", "all", "none")
+
+
+@dataclass
+class SeqChunk:
+    """One sequence's part of a forward call.
+
+    token_ids: the new tokens (a prefill chunk, or 1 token for decode).
+    start: tokens of this sequence already in the KV cache (= position of token_ids[0]).
+    page_ids: KV pool pages of the sequence covering positions [0, start + len(token_ids)) (more is allowed).
+    logits: "last" (logits of the last new token) | "all" (every new token, for prompt_logprobs) | "none".
+    """
+
+    token_ids: list[int]
+    start: int
+    page_ids: list[int]
+    logits: str = "last"
+
+
+@dataclass
+class ForwardBatch:
+    """Flattened inputs of Model.forward.
+
+    input_ids: LongTensor [T] token ids of every chunk, concatenated in chunk order.
+    positions: LongTensor [T] absolute position of each token in its sequence.
+    slot_mapping: LongTensor [T] KV pool slot (page * page_tokens + offset) each token's K/V is written to.
+    seq_lens: per chunk, its number of new tokens (rows of T). context_lens: per chunk, start + seq_len.
+    starts: per chunk, its start (= context_len - seq_len).
+    read_slots: per chunk, LongTensor [context_len]: the slots of positions 0 .. context_len-1 (attention reads).
+    logits_index: LongTensor [N] rows of T whose logits forward() returns, in chunk order.
+    logits_owner: per chunk (first row in the returned logits, count, index within token_ids of the first
+        token with logits): "last" -> (r, 1, n-1), "all" -> (r, n, 0), "none" -> (r, 0, n).
+        Logits row for token_ids[j] predict the token at position start + j + 1.
+    page_tokens: tokens per KV page.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    seq_lens: list[int]
+    context_lens: list[int]
+    starts: list[int]
+    read_slots: list[torch.Tensor]
+    logits_index: torch.Tensor
+    logits_owner: list[tuple[int, int, int]]
+    page_tokens: int
+
+    @property
+    def num_tokens(self) -> int:
+        """T, the number of new tokens in the batch."""
+        return int(self.input_ids.shape[0])
+
+    @classmethod
+    def build(cls, chunks: list[SeqChunk], page_tokens: int) -> "ForwardBatch":
+        """Flatten `chunks` into one ForwardBatch.
+
+        Raises ValueError on an empty batch or chunk, a negative start, too few page_ids for start+len(token_ids),
+        or an unknown logits mode.
+        """
+        if not chunks:
+            raise ValueError("ForwardBatch.build: no chunks")
+        ids: list[int] = []
+        positions, slot_mapping, read_slots, logits_rows = [], [], [], []
+        seq_lens, context_lens, starts, owners = [], [], [], []
+        offs = torch.arange(page_tokens, dtype=torch.long)
+        row = 0
+        n_logits = 0
+        for i, c in enumerate(chunks):
+            n = len(c.token_ids)
+            if n == 0:
+                raise ValueError(f"chunk {i}: no tokens")
+            if c.start < 0:
+                raise ValueError(f"chunk {i}: negative start {c.start}")
+            ctx = c.start + n
+            need_pages = -(-ctx // page_tokens)
+            if len(c.page_ids) < need_pages:
+                raise ValueError(f"chunk {i}: {len(c.page_ids)} pages for {ctx} tokens ({need_pages} needed)")
+            if c.logits not in LOGITS_MODES:
+                raise ValueError(f"chunk {i}: logits must be one of {LOGITS_MODES}, got {c.logits!r}")
+            pages = torch.tensor(c.page_ids[:need_pages], dtype=torch.long)
+            slots = (pages[:, None] * page_tokens + offs[None, :]).reshape(-1)[:ctx]
+            ids.extend(c.token_ids)
+            positions.append(torch.arange(c.start, ctx, dtype=torch.long))
+            slot_mapping.append(slots[c.start:])
+            read_slots.append(slots)
+            seq_lens.append(n)
+            context_lens.append(ctx)
+            starts.append(c.start)
+            if c.logits == "last":
+                logits_rows.append(torch.tensor([row + n - 1], dtype=torch.long))
+                owners.append((n_logits, 1, n - 1))
+                n_logits += 1
+            elif c.logits == "all":
+                logits_rows.append(torch.arange(row, row + n, dtype=torch.long))
+                owners.append((n_logits, n, 0))
+                n_logits += n
+            else:
+                owners.append((n_logits, 0, n))
+            row += n
+        return cls(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            positions=torch.cat(positions),
+            slot_mapping=torch.cat(slot_mapping),
+            seq_lens=seq_lens, context_lens=context_lens, starts=starts, read_slots=read_slots,
+            logits_index=torch.cat(logits_rows) if logits_rows else torch.zeros(0, dtype=torch.long),
+            logits_owner=owners, page_tokens=page_tokens,
+        )

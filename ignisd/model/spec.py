@@ -1,0 +1,211 @@
+"""ModelSpec: the architecture numbers of one model, from an HF config.json or GGUF metadata. †: imports no torch.
+
+The spec is what the control plane (scheduler, cache manager, tiers) knows about the model: sizes, layer types,
+KV bytes per token and a structural hash used in retained-state stamps (DESIGN §4.4).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ignisd.cache.kv_format import get_kv_format
+
+# Architectures this build can run. Hybrids (qwen3_5 / qwen3_next: GDN + full attention) come in a later issue.
+SUPPORTED_ARCHS = ("llama",)
+# HF `architectures` / `model_type` values accepted as llama.
+_HF_LLAMA_ARCHS = {"LlamaForCausalLM"}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture of one loaded model.
+
+    name: display name (health/status). arch: "llama" for now.
+    vocab_size, hidden_size, intermediate_size, num_layers, num_heads (query heads), num_kv_heads, head_dim: counts.
+    rms_norm_eps: RMSNorm epsilon. rope_theta: rotary base. rope_scaling: None (plain RoPE) or a dict with
+    "rope_type" in {"linear", "llama3"} and that type's parameters (HF's keys: factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings).
+    context_tokens: max_position_embeddings (HF) / llama.context_length (GGUF).
+    tie_word_embeddings: the LM head reuses the token embedding matrix.
+    bos_token_id, eos_token_ids: special ids from the config / GGUF tokenizer metadata.
+    layer_types: one entry per layer; "full_attention" for every llama layer.
+    attention_bias, mlp_bias: whether the projections carry biases (HF llama options; False for GGUF llama).
+    """
+
+    name: str
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    context_tokens: int
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    layer_types: tuple[str, ...]
+    attention_bias: bool = False
+    mlp_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if self.arch not in SUPPORTED_ARCHS:
+            raise ValueError(f"architecture {self.arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+
+    # ------------------------------------------------------------------ derived numbers
+    @property
+    def n_attention_layers(self) -> int:
+        """Number of full-attention layers (the layers that keep KV pages)."""
+        return sum(1 for t in self.layer_types if t == "full_attention")
+
+    @property
+    def attention_layer_index(self) -> tuple[int | None, ...]:
+        """Per layer: its index among the full-attention layers (row of DevicePages.k), or None."""
+        out, n = [], 0
+        for t in self.layer_types:
+            if t == "full_attention":
+                out.append(n)
+                n += 1
+            else:
+                out.append(None)
+        return tuple(out)
+
+    def kv_bytes_per_token(self, kv_format: str) -> int:
+        """Bytes of K and V one token occupies across all attention layers under `kv_format`.
+
+        = 2 (K and V) * n_attention_layers * num_kv_heads * head_dim * elem_bytes (fp32: 4, bf16: 2).
+        Raises ValueError for an unknown format.
+        """
+        fmt = get_kv_format(kv_format)
+        return 2 * self.n_attention_layers * self.num_kv_heads * self.head_dim * fmt.elem_bytes
+
+    def structural_hash(self) -> str:
+        """SHA-256 hex digest of the architecture fields (everything but name and bos/eos ids).
+
+        Two specs with the same hash produce KV / state of the same shape and meaning for the same weights.
+        """
+        fields = {
+            "arch": self.arch, "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size, "num_layers": self.num_layers,
+            "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
+            "rms_norm_eps": float(self.rms_norm_eps), "rope_theta": float(self.rope_theta),
+            "rope_scaling": self.rope_scaling, "tie_word_embeddings": self.tie_word_embeddings,
+            "layer_types": list(self.layer_types), "attention_bias": self.attention_bias,
+            "mlp_bias": self.mlp_bias,
+        }
+        blob = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_hf_config(cls, config: dict, name: str) -> "ModelSpec":
+        """Build from a parsed HF config.json (dict). Accepts transformers 4 (`rope_theta`, `rope_scaling`) and 5
+        (`rope_parameters`) spellings. Raises ValueError for a non-llama architecture or unsupported rope type."""
+        archs = set(config.get("architectures") or [])
+        model_type = config.get("model_type")
+        if not (archs & _HF_LLAMA_ARCHS or (not archs and model_type == "llama")):
+            raise ValueError(f"HF model {sorted(archs) or model_type!r} is not supported; supported: LlamaForCausalLM")
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        head_dim = int(config.get("head_dim") or hidden // heads)
+        rope = config.get("rope_parameters") or {}
+        legacy = config.get("rope_scaling") or {}
+        theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+        params = {**legacy, **{k: v for k, v in rope.items() if k != "rope_theta"}}
+        if "type" in params and "rope_type" not in params:
+            params["rope_type"] = params.pop("type")
+        params.pop("type", None)
+        scaling = _normalise_rope_scaling(params)
+        eos = config.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        n_layers = int(config["num_hidden_layers"])
+        return cls(
+            name=name, arch="llama", vocab_size=int(config["vocab_size"]), hidden_size=hidden,
+            intermediate_size=int(config["intermediate_size"]), num_layers=n_layers, num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads), head_dim=head_dim,
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
+            context_tokens=int(config.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            bos_token_id=config.get("bos_token_id"), eos_token_ids=eos_ids,
+            layer_types=("full_attention",) * n_layers,
+            attention_bias=bool(config.get("attention_bias", False)), mlp_bias=bool(config.get("mlp_bias", False)),
+        )
+
+    @classmethod
+    def from_gguf_metadata(cls, reader: Any, name: str) -> "ModelSpec":
+        """Build from a gguf.GGUFReader's metadata fields (`{arch}.block_count`, `.embedding_length`, ...).
+
+        Tied embeddings = no `output.weight` tensor in the file. vocab_size falls back to the token list length.
+        Raises ValueError for an architecture other than llama or an unsupported `{arch}.rope.scaling.type`.
+        """
+        def get(key: str, default: Any = None) -> Any:
+            f = reader.fields.get(key)
+            return default if f is None else f.contents()
+
+        arch = get("general.architecture")
+        if arch != "llama":
+            raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: llama")
+        hidden = int(get("llama.embedding_length"))
+        heads = int(get("llama.attention.head_count"))
+        kv_heads = int(get("llama.attention.head_count_kv", heads))
+        head_dim = int(get("llama.attention.key_length", hidden // heads))
+        rot_dim = int(get("llama.rope.dimension_count", head_dim))
+        if rot_dim != head_dim:
+            raise ValueError(f"partial rotary (rope.dimension_count {rot_dim} != head_dim {head_dim}) is not supported")
+        vocab = get("llama.vocab_size")
+        if vocab is None:
+            vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+        scaling_type = get("llama.rope.scaling.type", "none")
+        if scaling_type in ("none", None):
+            scaling = None
+        elif scaling_type == "linear":
+            scaling = {"rope_type": "linear", "factor": float(get("llama.rope.scaling.factor"))}
+        else:
+            raise ValueError(f"GGUF rope scaling {scaling_type!r} is not supported; supported: none, linear")
+        tensor_names = {t.name for t in reader.tensors}
+        n_layers = int(get("llama.block_count"))
+        eos = [get("tokenizer.ggml.eos_token_id")]
+        eot = get("tokenizer.ggml.eot_token_id")
+        if eot is not None and eot not in eos:
+            eos.append(eot)
+        return cls(
+            name=name, arch="llama", vocab_size=int(vocab), hidden_size=hidden,
+            intermediate_size=int(get("llama.feed_forward_length")), num_layers=n_layers, num_heads=heads,
+            num_kv_heads=kv_heads, head_dim=head_dim,
+            rms_norm_eps=float(get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=float(get("llama.rope.freq_base", 10000.0)), rope_scaling=scaling,
+            context_tokens=int(get("llama.context_length", 2048)),
+            tie_word_embeddings="output.weight" not in tensor_names,
+            bos_token_id=get("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=tuple(int(e) for e in eos if e is not None),
+            layer_types=("full_attention",) * n_layers,
+        )
+
+
+def _normalise_rope_scaling(params: dict) -> dict | None:
+    """HF rope parameters (without rope_theta) -> None for plain RoPE, else a dict with rope_type.
+
+    Raises ValueError for rope types other than default / linear / llama3.
+    """
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        return None
+    if rope_type == "linear":
+        return {"rope_type": "linear", "factor": float(params["factor"])}
+    if rope_type == "llama3":
+        return {
+            "rope_type": "llama3", "factor": float(params["factor"]),
+            "low_freq_factor": float(params["low_freq_factor"]), "high_freq_factor": float(params["high_freq_factor"]),
+            "original_max_position_embeddings": int(params["original_max_position_embeddings"]),
+        }
+    raise ValueError(f"rope type {rope_type!r} is not supported; supported: default, linear, llama3")

@@ -1,0 +1,129 @@
+"""Requests, sampling parameters, finish reasons, and the commands/events between server and engine.
+
+†: imports no torch. The server turns a wire op into a `Request` (token ids, never text: templates, tokenization
+and stop strings live at the edge, DESIGN §2) and talks to the engine only through these types.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+
+class FinishReason(str, enum.Enum):
+    """Why a request ended; the values are the wire literals of DESIGN §5."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    TOOL_CALLS = "tool_calls"
+
+
+class Priority(str, enum.Enum):
+    """Request priority class (DESIGN §4.4): interactive ranks above agent."""
+
+    INTERACTIVE = "interactive"
+    AGENT = "agent"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token.
+
+    temperature: 0 means greedy (argmax); otherwise logits are divided by it before softmax.
+    top_k: keep the k most likely tokens (0 = off). top_p: nucleus mass in (0, 1]. min_p: drop tokens whose
+    probability is below min_p × the top probability (0 = off). seed: the request's own generator seed (None: random).
+    max_tokens: generated-token cap (tokens). stop_token_ids: generation ends after emitting one of these.
+    logprobs / top_logprobs: return the chosen token's log-probability and the K best alternatives (K ≤ 20).
+    """
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop_token_ids: frozenset[int] = frozenset()
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        """True when the next token is the argmax (temperature 0)."""
+        return self.temperature == 0.0
+
+
+@dataclass
+class Request:
+    """One generation request as the engine sees it.
+
+    rid: engine-wide unique key (the server prefixes the client's id with its connection number).
+    prompt_ids: the rendered, tokenized prompt (token ids). prompt_logprobs: K for per-prompt-token logprobs (None: off).
+    arrival: time.monotonic() seconds at submission (queue_ms counts from here).
+    """
+
+    rid: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    priority: Priority = Priority.INTERACTIVE
+    prompt_logprobs: int | None = None
+    cache_prompt: bool = True
+    arrival: float = field(default_factory=time.monotonic)
+
+
+# ---- commands (server -> engine) ----
+@dataclass(frozen=True)
+class Submit:
+    """Queue `request` for admission."""
+
+    request: Request
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """End request `rid` at the next round boundary with `reason` (cancelled, or stop when the edge saw a stop string)."""
+
+    rid: str
+    reason: FinishReason = FinishReason.CANCELLED
+
+
+# ---- events (engine -> server) ----
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token. logprob: log p(token) from the raw logits (fp32 log-softmax), when asked.
+    top: [(token_id, logprob)] × top_logprobs, descending."""
+
+    rid: str
+    token_id: int
+    logprob: float | None = None
+    top: list[tuple[int, float]] | None = None
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    """The request ended. Token counts are tokens; times are milliseconds.
+
+    prompt_logprobs: one entry per prompt token (entry 0 None) when asked, else None.
+    """
+
+    rid: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    cached_tokens: int
+    prefilled_tokens: int
+    generated_tokens: int
+    queue_ms: float
+    ttft_ms: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    prompt_logprobs: list | None = None
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """The engine refused or failed the request; code is a wire error code (DESIGN §5)."""
+
+    rid: str
+    code: str
+    message: str
+    field: str | None = None

@@ -1,0 +1,84 @@
+"""RoundPlan → tensors → model → sampler → per-item results (DESIGN §2).
+
+Runs in the engine's single worker thread. It owns the per-request sampling generators (so a request's seeded
+draws never depend on other requests) and never touches scheduler state beyond reading the plan.
+"""
+from __future__ import annotations
+
+import torch
+
+from ignisd.cache.device_pages import DevicePages
+from ignisd.model.batch import ForwardBatch, SeqChunk
+from ignisd.sampling import make_generator, sample_row, token_logprobs
+from ignisd.scheduler import ItemResult, PlanItem, RoundPlan
+
+
+def _passes(items: list[PlanItem]) -> list[list[int]]:
+    """Split item indices into forward passes holding at most one chunk of any sequence, in order, so a later
+    chunk of a sequence runs after the pass that wrote the K/V it attends to."""
+    passes: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        k = seen.get(item.seq.rid, -1) + 1
+        seen[item.seq.rid] = k
+        while len(passes) <= k:
+            passes.append([])
+        passes[k].append(i)
+    return passes
+
+
+class Runner:
+    """Executes round plans on one model and one KV pool.
+
+    model: ignisd.model.hybrid.Model. kv: the DevicePages the pool's page ids index.
+    """
+
+    def __init__(self, model, kv: DevicePages):
+        self.model = model
+        self.kv = kv
+        self.page_tokens = kv.page_tokens
+        self._gens: dict[str, torch.Generator] = {}
+
+    def forget(self, rid: str) -> None:
+        """Drop the sampling generator of a finished request."""
+        self._gens.pop(rid, None)
+
+    @torch.inference_mode()
+    def execute(self, plan: RoundPlan) -> list[ItemResult]:
+        """Run every item of `plan`; returns one ItemResult per item, in plan order."""
+        results: list[ItemResult | None] = [None] * len(plan.items)
+        for idx in _passes(plan.items):
+            items = [plan.items[i] for i in idx]
+            chunks = [SeqChunk(token_ids=it.token_ids, start=it.start, page_ids=it.seq.pages, logits=it.logits)
+                      for it in items]
+            logits = self.model.forward(ForwardBatch.build(chunks, self.page_tokens), self.kv)
+            row = 0
+            for i, it in zip(idx, items):
+                n = {"last": 1, "all": len(it.token_ids), "none": 0}[it.logits]
+                results[i] = self._item_result(it, logits[row:row + n])
+                row += n
+        return results  # type: ignore[return-value]
+
+    def _item_result(self, it: PlanItem, rows: torch.Tensor) -> ItemResult:
+        res = ItemResult()
+        req = it.seq.req
+        if it.logits == "all" and req.prompt_logprobs is not None:
+            prompt = req.prompt_ids
+            targets = [prompt[p + 1] for p in range(it.start, it.start + len(it.token_ids)) if p + 1 < len(prompt)]
+            if targets:
+                lp, tops, ranks = token_logprobs(rows[:len(targets)], torch.tensor(targets), req.prompt_logprobs)
+                res.prompt_logprobs = [
+                    {"token": t, "logprob": l, "rank": r, "top": [[a, b] for a, b in top]}
+                    for t, l, r, top in zip(targets, lp, ranks, tops)]
+        if it.sample:
+            last = rows[-1]
+            sp = req.sampling
+            gen = self._gens.get(req.rid)
+            if gen is None:
+                gen = self._gens[req.rid] = make_generator(sp.seed)
+            tok = sample_row(last, sp, gen)
+            res.token_id = tok
+            if sp.logprobs:
+                lp, tops, _ = token_logprobs(last.view(1, -1), torch.tensor([tok]), sp.top_logprobs)
+                res.logprob, res.top = lp[0], tops[0]
+        return res

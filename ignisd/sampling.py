@@ -1,0 +1,75 @@
+"""Next-token sampling: greedy, temperature, top-k, top-p, min-p, with a per-request seeded generator.
+
+The warpers run in the order Hugging Face's `generate()` applies them (temperature → top-k → top-p → min-p), so a
+test can check the filtered distribution against transformers' own logits processors. Each request draws only from
+its own `torch.Generator`: another request's sampling never advances it, so the same seed and prompt give the same
+tokens whatever else is running.
+"""
+from __future__ import annotations
+
+import secrets
+
+import torch
+
+from ignisd.request import SamplingParams
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    """A CPU torch.Generator seeded with `seed` (a fresh random 63-bit seed when None)."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed(seed if seed is not None else secrets.randbits(63))
+    return g
+
+
+def warp_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Apply temperature, top-k, top-p and min-p to one row of logits.
+
+    logits: [V] float32 raw logits. Returns [V] float32 scores with removed tokens at -inf.
+    Formulas: top-p keeps the smallest set of most likely tokens whose probability mass reaches top_p (the token
+    that crosses the threshold is kept); min-p (Nguyen et al., 2024, "Min P Sampling") keeps tokens with
+    probability ≥ min_p × max probability. Ties at the top-k boundary keep every tied token, as transformers does.
+    """
+    scores = logits.float() / p.temperature
+    if p.top_k > 0 and p.top_k < scores.numel():
+        kth = torch.topk(scores, p.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_scores, idx = torch.sort(scores, descending=False)
+        cum = sorted_scores.softmax(-1).cumsum(-1)
+        remove_sorted = cum <= (1 - p.top_p)
+        remove_sorted[-1] = False  # always keep the most likely token
+        remove = torch.zeros_like(remove_sorted).scatter(0, idx, remove_sorted)
+        scores = scores.masked_fill(remove, float("-inf"))
+    if p.min_p > 0.0:
+        probs = scores.softmax(-1)
+        scores = scores.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
+    return scores
+
+
+def sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
+    """Pick the next token id from one row of raw logits ([V] float32).
+
+    Greedy (temperature 0) is argmax (lowest id on exact ties) and draws nothing from the generator.
+    """
+    if p.greedy:
+        return int(torch.argmax(logits))
+    probs = warp_logits(logits, p).softmax(-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[list[float], list[list[tuple[int, float]]], list[int]]:
+    """Log-probabilities of chosen tokens under the raw distribution (fp32 log-softmax, no temperature).
+
+    logits: [N, V] float32; token_ids: [N] int64. Returns (logprob of each chosen token, the top-k
+    (token_id, logprob) pairs of each row in descending order, the 1-based rank of each chosen token).
+    """
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, token_ids.view(-1, 1)).squeeze(1)
+    ranks = (lp > chosen.unsqueeze(1)).sum(1) + 1
+    tops: list[list[tuple[int, float]]] = []
+    if k > 0:
+        vals, idx = torch.topk(lp, k, dim=-1)
+        tops = [list(zip(i.tolist(), v.tolist())) for i, v in zip(idx, vals)]
+    else:
+        tops = [[] for _ in range(lp.shape[0])]
+    return chosen.tolist(), tops, ranks.tolist()

@@ -1,0 +1,183 @@
+"""The Unix-socket server: framing, per-connection tasks, backpressure, dispatch (DESIGN §2, §5).
+
+One JSON object per line in both directions. Each connection has a reader loop (framing and dispatch) and one task
+per generation request; replies are written under a per-connection lock and drained, so a slow client only slows
+itself. A client that disconnects cancels all its requests. †: imports no torch.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+
+from ignis_client import protocol as P
+from ignisd.handlers import Handlers
+from ignisd.log import get_logger
+
+log = get_logger("srv")
+_conn_ids = itertools.count(1)
+
+
+class Connection:
+    """One client connection: its writer, in-flight requests (client id → task) and engine rids."""
+
+    def __init__(self, server: "Server", reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.server = server
+        self.reader = reader
+        self.writer = writer
+        self.num = next(_conn_ids)
+        self.inflight: dict[str, asyncio.Task] = {}
+        self.rids: dict[str, str] = {}   # client id -> engine rid of a generation request
+        self._wlock = asyncio.Lock()
+        self.closed = False
+
+    def rid(self, client_id: str) -> str:
+        """The engine-wide key of this connection's request `client_id`."""
+        return f"c{self.num}:{client_id}"
+
+    async def send(self, obj: dict) -> None:
+        """Write one reply line and wait for the socket buffer to drain (backpressure)."""
+        if self.closed:
+            return
+        async with self._wlock:
+            try:
+                self.writer.write(P.encode(obj))
+                await self.writer.drain()
+            except (ConnectionError, RuntimeError):
+                self.closed = True
+
+    async def lines(self):
+        """Yield complete lines (bytes without the newline); a line over the limit yields None once."""
+        limit = self.server.max_line_bytes
+        buf = bytearray()
+        discarding = False
+        while True:
+            chunk = await self.reader.read(1 << 16)
+            if not chunk:
+                if buf and not discarding:
+                    yield bytes(buf)
+                return
+            buf += chunk
+            while True:
+                i = buf.find(b"\n")
+                if i < 0:
+                    if len(buf) > limit:
+                        if not discarding:
+                            discarding = True
+                        buf.clear()
+                    break
+                line = bytes(buf[:i])
+                del buf[:i + 1]
+                if discarding or len(line) > limit:
+                    discarding = False
+                    yield None
+                else:
+                    yield line
+
+    async def serve(self) -> None:
+        """Read and dispatch lines until EOF; then cancel whatever this connection still has in flight."""
+        try:
+            async for line in self.lines():
+                if line is None:
+                    await self.send(P.error(None, "too_long", f"line exceeds server.max_line_bytes "
+                                                             f"({self.server.max_line_bytes} bytes)", None))
+                    continue
+                if not line.strip():
+                    continue
+                await self.dispatch(line)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.closed = True
+            for cid in list(self.rids):
+                self.server.engine.cancel(self.rids[cid])
+            for t in list(self.inflight.values()):
+                if not t.done():
+                    await asyncio.wait([t], timeout=5)
+            try:
+                self.writer.close()
+            except RuntimeError:
+                pass
+
+    async def dispatch(self, line: bytes) -> None:
+        """Parse one request line and answer it (generation requests run as their own task)."""
+        rid = None
+        try:
+            obj = P.decode_line(line, self.server.max_line_bytes)
+            rid = obj.get("id") if isinstance(obj.get("id"), str) else None
+            self.server.check_auth(obj)
+            op = P.parse_request(obj)
+        except P.ProtocolError as e:
+            await self.send(P.error(rid, e.code, e.message, e.field))
+            return
+        if op.id in self.inflight:
+            await self.send(P.error(op.id, "duplicate_id", f"id {op.id!r} is already in flight on this connection",
+                                    "id"))
+            return
+        if len(self.inflight) >= self.server.max_inflight:
+            await self.send(P.error(op.id, "busy", f"{len(self.inflight)} requests in flight on this connection "
+                                                   f"(server.max_inflight_per_connection = "
+                                                   f"{self.server.max_inflight})", None))
+            return
+        task = asyncio.create_task(self._run_op(op))
+        self.inflight[op.id] = task
+
+    async def _run_op(self, op) -> None:
+        try:
+            await self.server.handlers.handle(self, op)
+        except P.ProtocolError as e:
+            await self.send(P.error(op.id, e.code, e.message, e.field))
+        except Exception as e:  # the daemon stays up; the client learns what broke
+            log.error("op_failed", id=op.id, error=repr(e))
+            await self.send(P.error(op.id, "internal", f"{type(e).__name__}: {e}", None))
+        finally:
+            self.inflight.pop(op.id, None)
+            self.rids.pop(op.id, None)
+
+
+class Server:
+    """Listens on `socket_path`; `handlers` answers ops.
+
+    max_line_bytes: framing limit (bytes). max_inflight: per-connection in-flight requests. api_key: when set, every
+    op but `health` must carry it (compared in constant time).
+    """
+
+    def __init__(self, engine, handlers: Handlers, *, max_line_bytes: int, max_inflight: int,
+                 api_key: str | None = None):
+        self.engine = engine
+        self.handlers = handlers
+        self.max_line_bytes = max_line_bytes
+        self.max_inflight = max_inflight
+        self.api_key = api_key
+        self.connections: set[Connection] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    def check_auth(self, obj: dict) -> None:
+        """Raise ProtocolError('auth') when an api key is configured and `obj` lacks it (health is exempt)."""
+        if self.api_key is None or obj.get("op") == "health":
+            return
+        key = obj.get("api_key")
+        if not isinstance(key, str) or not hmac.compare_digest(key.encode(), self.api_key.encode()):
+            raise P.ProtocolError("auth", "missing or wrong api_key", "api_key")
+
+    async def _on_connect(self, reader, writer) -> None:
+        conn = Connection(self, reader, writer)
+        self.connections.add(conn)
+        try:
+            await conn.serve()
+        finally:
+            self.connections.discard(conn)
+
+    async def start(self, socket_path: str) -> None:
+        """Bind and listen on `socket_path` (the caller prepared the path and sets its mode)."""
+        self._server = await asyncio.start_unix_server(self._on_connect, path=socket_path, limit=1 << 20)
+
+    async def close(self) -> None:
+        """Stop listening and close every connection."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            try:
+                conn.writer.close()
+            except RuntimeError:
+                pass

@@ -1,0 +1,173 @@
+"""Bad input over the socket: each gets the DESIGN §5 error naming the field, the daemon stays up, other requests
+keep generating, and the pool returns to idle (integrity: every page free, no live holder)."""
+import os
+import stat
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from conftest import RawConn
+
+
+def _chat(rid, content="Hello there", **kw):
+    return {"id": rid, "op": "chat", "messages": [{"role": "user", "content": content}], "temperature": 0, **kw}
+
+
+@pytest.mark.parametrize("line,code,field", [
+    (b"{not json", "bad_json", None),
+    (b"[1, 2, 3]", "bad_json", None),
+    (b'{"id": "x", "op": "chat", "messages": "\xff\xfe"}', "bad_json", None),   # invalid UTF-8
+    (b'{"id": "x", "op": "frobnicate"}', "unknown_op", "op"),
+    (b'{"id": 5, "op": "health"}', "bad_request", "id"),
+    (b'{"id": "x", "op": "chat", "messages": []}', "bad_request", "messages"),
+    (b'{"id": "x", "op": "chat", "messages": [{"role": "wizard", "content": "hi"}]}', "bad_request",
+     "messages[0].role"),
+    (b'{"id": "x", "op": "chat", "messages": [{"role": "user", "content": 5}]}', "bad_request",
+     "messages[0].content"),
+    (b'{"id": "x", "op": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -3}',
+     "bad_request", "max_tokens"),
+    (b'{"id": "x", "op": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}',
+     "bad_request", "max_tokens"),
+    (b'{"id": "x", "op": "chat", "messages": [{"role": "user", "content": "hi"}], "temperature": -1}',
+     "bad_request", "temperature"),
+    (b'{"id": "x", "op": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}',
+     "context_length", "max_tokens"),
+    (b'{"id": "x", "op": "completion", "prompt": [1, 2, 99999999]}', "bad_request", "prompt[2]"),
+    (b'{"id": "x", "op": "completion", "prompt": "hi", "prompt_logprobs": 50}', "bad_request", "prompt_logprobs"),
+])
+def test_bad_input_gets_named_error(tiny_daemon, line, code, field):
+    c = tiny_daemon.conn()
+    c.send_raw(line + b"\n")
+    r = c.recv()
+    assert r["type"] == "error", r
+    assert r["error"]["code"] == code, r
+    assert r["error"]["field"] == field, r
+    assert r["error"]["message"]
+    # the connection is kept and the daemon still answers on it
+    assert c.request({"id": "after", "op": "health"})["result"]["ok"] is True
+    c.close()
+    tiny_daemon.wait_idle()
+
+
+def test_line_over_limit_is_too_long_and_connection_kept(start_daemon, tiny_llama_dir):
+    d = start_daemon(["--model", str(tiny_llama_dir), "--server-max-line-bytes", "4K", "--model-context-tokens",
+                      "512", "--vram-kv-pool-bytes", "1Ktok", "--lanes", "1", "--server-max-queue", "1"])
+    c = d.conn()
+    c.send_raw(b'{"id": "big", "op": "tokenize", "text": "' + b"a" * 10000 + b'"}\n')
+    r = c.recv()
+    assert r["type"] == "error" and r["error"]["code"] == "too_long" and r["id"] is None
+    assert c.request({"id": "ok", "op": "tokenize", "text": "hello"})["type"] == "result"
+    c.close()
+    d.wait_idle()
+
+
+def test_duplicate_inflight_id(tiny_daemon):
+    c = tiny_daemon.conn()
+    c.send(_chat("dup", max_tokens=200, stream=True))
+    c.send(_chat("dup", max_tokens=5))
+    errs = []
+    while True:
+        r = c.recv()
+        if r["type"] == "error":
+            errs.append(r)
+        if r["type"] == "done":
+            break
+    assert len(errs) == 1 and errs[0]["error"]["code"] == "duplicate_id" and errs[0]["error"]["field"] == "id"
+    c.close()
+    tiny_daemon.wait_idle()
+
+
+def test_cancel_ends_with_usage_so_far(tiny_daemon):
+    c = tiny_daemon.conn()
+    c.send(_chat("long", max_tokens=400, stream=True))
+    first = c.recv()
+    assert first["id"] == "long" and first["type"] == "delta"
+    c.send({"id": "k", "op": "cancel", "target": "long"})
+    got = {}
+    while len(got) < 2:
+        r = c.recv()
+        if r["type"] in ("done", "result"):
+            got[r["id"]] = r
+    assert got["k"]["result"] == {"cancelled": True}
+    done = got["long"]
+    assert done["finish_reason"] == "cancelled"
+    assert 1 <= done["usage"]["completion_tokens"] < 400
+    assert c.request({"id": "k2", "op": "cancel", "target": "nope"})["result"] == {"cancelled": False}
+    c.close()
+    tiny_daemon.wait_idle()
+
+
+def test_disconnect_cancels_and_frees_pages(tiny_daemon):
+    c = tiny_daemon.conn()
+    c.send(_chat("gone", max_tokens=500, stream=True))
+    c.recv()
+    c.close()
+    tiny_daemon.wait_idle()
+
+
+def test_busy_past_max_queue(start_daemon, tiny_llama_dir):
+    d = start_daemon(["--model", str(tiny_llama_dir), "--lanes", "1", "--server-max-queue", "1",
+                      "--model-context-tokens", "512", "--vram-kv-pool-bytes", "1Ktok"])
+    c = d.conn()
+    for i in range(4):
+        c.send(_chat(f"r{i}", max_tokens=300))
+    finals = {}
+    while len(finals) < 4:
+        r = c.recv()
+        if r["type"] in ("done", "error"):
+            finals[r["id"]] = r
+    codes = sorted(r["error"]["code"] if r["type"] == "error" else "done" for r in finals.values())
+    # one running, one waiting, the rest refused
+    assert codes == ["busy", "busy", "done", "done"], finals
+    c.close()
+    d.wait_idle()
+
+
+def test_other_requests_keep_generating_through_bad_input(tiny_daemon):
+    good = tiny_daemon.conn()
+    good.send(_chat("g", max_tokens=120, stream=True))
+    good.recv()
+    bad = tiny_daemon.conn()
+    for junk in (b"\xff\xff\n", b"{}\n", b'{"id": "b", "op": "chat"}\n', b"null\n"):
+        bad.send_raw(junk)
+        assert bad.recv()["type"] == "error"
+    bad.close()
+    deltas, done = good.until_done("g")
+    assert done["type"] == "done" and done["finish_reason"] in ("length", "stop")
+    assert done["usage"]["completion_tokens"] >= 1
+    good.close()
+    tiny_daemon.wait_idle()
+
+
+def test_socket_mode_and_second_daemon_refused(tiny_daemon, tiny_llama_dir):
+    assert stat.S_IMODE(os.stat(tiny_daemon.socket).st_mode) == 0o600
+    r = subprocess.run([sys.executable, "-m", "ignisd", "serve", "--model", str(tiny_llama_dir),
+                        "--socket", tiny_daemon.socket], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "already serving" in r.stderr and tiny_daemon.socket in r.stderr
+    assert tiny_daemon.status()["model"]["page_tokens"] == 64
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--server-lanes", "0"], "server.lanes"),
+    (["--lanes", "many"], "server.lanes"),
+    (["--vram-kv-pool-bytes", "12Q"], "vram.kv_pool_bytes"),
+    (["--model-kv-format", "fp8"], "model.kv_format"),
+    (["--server-no-such-key", "1"], "no-such-key"),
+    (["--server-log-level", "loud"], "server.log_level"),
+])
+def test_config_errors_stop_the_start(args, needle, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ignisd", "serve", "--socket", str(tmp_path / "s.sock"), *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr, r.stderr
+
+
+def test_config_file_error_names_key(tmp_path):
+    cfg = tmp_path / "ignisd.toml"
+    cfg.write_text('[server]\nprefill_chunk = "big"\n')
+    r = subprocess.run([sys.executable, "-m", "ignisd", "serve", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "server.prefill_chunk" in r.stderr and "big" in r.stderr
