@@ -152,7 +152,7 @@ class Client(_Base):
             ev = self._decode(self._read_line())
             target = ev.get("id")
             if target is None and ev.get("type") == "error":
-                for r in [r for r in self._queues if r not in self._answered] or []:
+                for r in [r for r in self._queues if r not in self._answered]:
                     self._queues[r].append(ev)     # an unparsed line: it can only be a request with no reply yet
             elif target in self._discard:
                 if ev.get("type") in TERMINAL:
@@ -264,7 +264,7 @@ class AsyncClient(_Base):
         self._task: asyncio.Task | None = None
         self._queues: dict[str, asyncio.Queue] = {}
         self._answered: set[str] = set()
-        self._lock = asyncio.Lock()
+        self._lock: asyncio.Lock | None = None
 
     async def connect(self) -> None:
         """Open the connection now (otherwise the first request does). Raises DaemonNotRunning."""
@@ -274,6 +274,7 @@ class AsyncClient(_Base):
             self._reader, self._writer = await asyncio.open_unix_connection(self.socket_path, limit=_READ_LIMIT)
         except OSError as e:
             raise self._connect_error(e) from None
+        self._lock = asyncio.Lock()
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
     async def close(self) -> None:
@@ -321,6 +322,8 @@ class AsyncClient(_Base):
         finally:
             for q in self._queues.values():
                 q.put_nowait(_Closed(exc))
+            if self._writer is not None:
+                self._writer.close()
             self._writer = None
 
     async def _open(self, op: str, fields: dict) -> tuple[str, asyncio.Queue]:

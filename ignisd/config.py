@@ -59,7 +59,7 @@ class Size:
 def _default_disk_dir(env: Mapping[str, str]) -> str:
     if env.get("STATE_DIRECTORY"):
         return env["STATE_DIRECTORY"].split(":")[0]
-    return os.path.join(os.path.expanduser("~"), ".cache", "ignis", "kv")
+    return os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache", "ignis", "kv")
 
 
 @dataclass(frozen=True)

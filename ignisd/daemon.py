@@ -112,7 +112,7 @@ class Daemon:
         self.cfg = cfg
         prepare_socket(cfg.server.socket, cfg.server.socket_mode)  # refuse before the slow model load
         t0 = time.monotonic()
-        torch.set_num_threads(cfg.server.threads or os.cpu_count() or 1)
+        torch.set_num_threads(cfg.effective_threads())
         self.loaded = load_model(cfg.model.path)
         spec = self.loaded.spec
         src = self.loaded.source

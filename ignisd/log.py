@@ -9,6 +9,7 @@ warning, ``<6>`` info, ``<7>`` debug, which journald strips and records as the e
 """
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import math
@@ -27,6 +28,8 @@ _QUOTE_CHARS = frozenset(' "=\\')
 
 def format_value(v: Any) -> str:
     """One value in the line's key=value syntax (see the module docstring)."""
+    if isinstance(v, enum.Enum):
+        v = v.value
     if v is None:
         return "-"
     if isinstance(v, bool):
@@ -38,7 +41,10 @@ def format_value(v: Any) -> str:
         return "0" if s == "-0" else s
     if isinstance(v, int):
         return str(v)
-    s = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, separators=(",", ":"), default=str)
+    if isinstance(v, (list, tuple, dict)):
+        s = json.dumps(v, ensure_ascii=False, separators=(",", ":"), default=str)
+    else:
+        s = str(v)
     if s == "" or any(c in _QUOTE_CHARS or ord(c) < 0x20 or c == "\x7f" for c in s):
         return json.dumps(s, ensure_ascii=False)
     return s

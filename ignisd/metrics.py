@@ -19,11 +19,12 @@ class Metrics:
 
     kv_pool_pages (gauge, pages in the KV pool), kv_pool_used_pages (gauge, pages held by sequences or retained
     states), kv_page_bytes (gauge, bytes of one page over all attention layers, K and V), lanes_busy (gauge, lanes
-    running a request), queue_depth (gauge, requests waiting), prefill_tokens (counter ``ignis_prefill_tokens_total``,
-    prompt tokens run through the model), decode_tokens (counter ``ignis_decode_tokens_total``, tokens generated),
-    requests (counter ``ignis_requests_total{finish_reason}``, finished requests), errors (counter
-    ``ignis_errors_total{code}``, error replies), ttft_seconds (histogram, arrival → first token),
-    inter_token_seconds (histogram, gap between consecutive tokens of one request).
+    running a request), queue_depth (gauge, requests waiting), prefill_tokens_total (counter, prompt tokens run
+    through the model), decode_tokens_total (counter, tokens generated), requests_total (counter with label
+    finish_reason, finished requests), errors_total (counter with label code, error replies), ttft_seconds (histogram,
+    arrival → first token), inter_token_seconds (histogram, gap between consecutive tokens of one request).
+    Attribute names equal the exposed sample names less ``ignis_``; prefill_tokens, decode_tokens, requests and errors
+    are aliases of the four counters.
     """
 
     def __init__(self) -> None:
@@ -35,17 +36,19 @@ class Metrics:
                                    "Bytes of one KV page (64 tokens, every attention layer, K and V).", registry=r)
         self.lanes_busy = Gauge("ignis_lanes_busy", "Decode lanes running a request.", registry=r)
         self.queue_depth = Gauge("ignis_queue_depth", "Requests waiting for admission.", registry=r)
-        self.prefill_tokens = Counter("ignis_prefill_tokens", "Prompt tokens run through the model (prefill).",
+        self.prefill_tokens_total = Counter("ignis_prefill_tokens", "Prompt tokens run through the model (prefill).",
+                                            registry=r)
+        self.decode_tokens_total = Counter("ignis_decode_tokens", "Tokens generated (decode).", registry=r)
+        self.requests_total = Counter("ignis_requests", "Requests finished, by finish reason.", ["finish_reason"],
                                       registry=r)
-        self.decode_tokens = Counter("ignis_decode_tokens", "Tokens generated (decode).", registry=r)
-        self.requests = Counter("ignis_requests", "Requests finished, by finish reason.", ["finish_reason"],
-                                registry=r)
-        self.errors = Counter("ignis_errors", "Error replies sent, by error code.", ["code"], registry=r)
+        self.errors_total = Counter("ignis_errors", "Error replies sent, by error code.", ["code"], registry=r)
         self.ttft_seconds = Histogram("ignis_ttft_seconds", "Time from a request's arrival to its first token.",
                                       buckets=TTFT_BUCKETS, registry=r)
         self.inter_token_seconds = Histogram("ignis_inter_token_seconds",
                                              "Time between consecutive generated tokens of one request.",
                                              buckets=INTER_TOKEN_BUCKETS, registry=r)
+        self.prefill_tokens, self.decode_tokens = self.prefill_tokens_total, self.decode_tokens_total
+        self.requests, self.errors = self.requests_total, self.errors_total
         for reason in FINISH_REASONS:          # present at 0 from the start, so rates work from the first scrape
             self.requests.labels(finish_reason=reason)
         for code in ERROR_CODES:

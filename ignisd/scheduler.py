@@ -150,11 +150,14 @@ class Scheduler:
                 f"({self.cache.pool.total * self.cache.page_tokens} tokens; raise vram.kv_pool_bytes)", "max_tokens")
 
     def submit(self, req: Request) -> None:
-        """Queue `req`. Raises AdmissionError if it can never run, QueueFull past max_queue."""
+        """Queue `req` and admit what fits now. Raises AdmissionError if it can never run, QueueFull when
+        max_queue requests are already waiting (a request that gets a lane at once never waits)."""
         self.check(req)
+        self._admit()
         if len(self.waiting) >= self.max_queue:
             raise QueueFull(f"{len(self.waiting)} requests waiting (server.max_queue = {self.max_queue})")
         self.waiting.append(Sequence(req))
+        self._admit()
 
     def cancel(self, rid: str, reason: FinishReason) -> list:
         """End `rid` now (it must not be in the round in flight). Returns its DoneEvent list ([] if unknown)."""

@@ -39,6 +39,8 @@ class Connection:
         """Write one reply line and wait for the socket buffer to drain (backpressure)."""
         if self.closed:
             return
+        if obj.get("type") == "error" and self.server.metrics is not None:
+            self.server.metrics.error_sent(obj["error"]["code"])
         async with self._wlock:
             try:
                 self.writer.write(P.encode(obj))
@@ -101,14 +103,12 @@ class Connection:
 
     async def dispatch(self, line: bytes) -> None:
         """Parse one request line and answer it (generation requests run as their own task)."""
-        rid = None
         try:
             obj = P.decode_line(line, self.server.max_line_bytes)
-            rid = obj.get("id") if isinstance(obj.get("id"), str) else None
             self.server.check_auth(obj)
             op = P.parse_request(obj)
         except P.ProtocolError as e:
-            await self.send(P.error(rid, e.code, e.message, e.field))
+            await self.send(e.reply())
             return
         if op.id in self.inflight:
             await self.send(P.error(op.id, "duplicate_id", f"id {op.id!r} is already in flight on this connection",
@@ -149,6 +149,7 @@ class Server:
         self.max_line_bytes = max_line_bytes
         self.max_inflight = max_inflight
         self.api_key = api_key
+        self.metrics = getattr(handlers, "metrics", None)
         self.connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
 
@@ -158,7 +159,8 @@ class Server:
             return
         key = obj.get("api_key")
         if not isinstance(key, str) or not hmac.compare_digest(key.encode(), self.api_key.encode()):
-            raise P.ProtocolError("auth", "missing or wrong api_key", "api_key")
+            rid = obj.get("id") if isinstance(obj.get("id"), str) and 0 < len(obj["id"]) <= 128 else None
+            raise P.ProtocolError("auth", "missing or wrong api_key", "api_key", id=rid)
 
     async def _on_connect(self, reader, writer) -> None:
         conn = Connection(self, reader, writer)

@@ -70,6 +70,12 @@ class DevicePages:
         v = self.v[layer].index_select(0, slots)
         return k.float(), v.float()
 
+    def pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of attention layer `layer`'s K and V as pages: each [num_pages, page_tokens, num_kv_heads, head_dim]
+        in the storage dtype (what ignis_kernels.attention reads)."""
+        shape = (self.num_pages, self.page_tokens, self.spec.num_kv_heads, self.spec.head_dim)
+        return self.k[layer].view(shape), self.v[layer].view(shape)
+
     def copy_pages(self, src: list[int], dst: list[int]) -> None:
         """Copy whole pages src[i] -> dst[i] in every attention layer (copy-on-write of a partial last page)."""
         if len(src) != len(dst):

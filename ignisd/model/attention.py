@@ -22,42 +22,44 @@ from ignisd.model.layers import apply_rope
 class AttentionPlan:
     """How one ForwardBatch's attention is split, computed once per forward and shared by all layers.
 
-    prefill: per multi-token chunk (first row in T, n, start, read_slots [start+n]).
-    decode_rows: LongTensor [B] rows of the single-token chunks; decode_slots: LongTensor [B, L] padded slot table
-    (padding repeats slot 0 of the row's own context, masked); decode_lens: LongTensor [B] context lengths.
-    whole: the batch is one chunk covering all T rows (no scatter needed).
+    prefill: per multi-token chunk (first row in T, n, start, page table).
+    decode_rows: LongTensor [B] rows of the single-token chunks; decode_pages: LongTensor [B, W] page tables
+    padded with each row's first page (masked by decode_lens); decode_lens: LongTensor [B] context lengths.
+    whole: the batch is one chunk or only decode tokens (attention output needs no scatter).
     """
 
     prefill: list[tuple[int, int, int, torch.Tensor]]
     decode_rows: torch.Tensor | None
-    decode_slots: torch.Tensor | None
+    decode_pages: torch.Tensor | None
     decode_lens: torch.Tensor | None
     whole: bool
 
     @classmethod
     def from_batch(cls, batch: ForwardBatch) -> "AttentionPlan":
         """Split `batch` into per-sequence prefill calls and one batched decode call."""
-        prefill, rows, slots, lens = [], [], [], []
+        prefill, rows, tables, lens = [], [], [], []
         row = 0
-        for n, start, rs in zip(batch.seq_lens, batch.starts, batch.read_slots):
+        for n, start, ctx, pages in zip(batch.seq_lens, batch.starts, batch.context_lens, batch.page_tables):
             if n == 1:
                 rows.append(row)
-                slots.append(rs)
-                lens.append(rs.shape[0])
+                tables.append(pages)
+                lens.append(ctx)
             else:
-                prefill.append((row, n, start, rs))
+                prefill.append((row, n, start, pages))
             row += n
-        d_rows = d_slots = d_lens = None
+        d_rows = d_pages = d_lens = None
         if rows:
-            width = max(lens)
+            width = max(t.shape[0] for t in tables)
             table = torch.empty(len(rows), width, dtype=torch.long)
-            for i, rs in enumerate(slots):
-                table[i, :rs.shape[0]] = rs
-                table[i, rs.shape[0]:] = rs[0]
-            d_rows = torch.tensor(rows, dtype=torch.long)
-            d_slots = table.to(batch.input_ids.device)
-            d_lens = torch.tensor(lens, dtype=torch.long, device=batch.input_ids.device)
-        return cls(prefill, d_rows, d_slots, d_lens, whole=len(batch.seq_lens) == 1)
+            for i, t in enumerate(tables):
+                table[i, :t.shape[0]] = t
+                table[i, t.shape[0]:] = t[0]
+            dev = batch.input_ids.device
+            d_rows = torch.tensor(rows, dtype=torch.long, device=dev)
+            d_pages = table.to(dev)
+            d_lens = torch.tensor(lens, dtype=torch.long, device=dev)
+        whole = len(batch.seq_lens) == 1 or not prefill
+        return cls(prefill, d_rows, d_pages, d_lens, whole)
 
 
 class Attention:
@@ -77,28 +79,31 @@ class Attention:
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
                  plan: AttentionPlan, kv: DevicePages) -> torch.Tensor:
-        """x: [T, H] normed hidden states; cos, sin: [T, 1, d] rotary tables of batch.positions. Writes this
-        layer's K/V of the T tokens to `kv` at batch.slot_mapping and returns the attention output [T, H]."""
-        t = x.shape[0]
-        qkv = F.linear(x, self.w_qkv, self.b_qkv)
+        """x: [T', H] normed hidden states (T' >= T = batch.num_tokens: rows past T are padding whose output is
+        zero); cos, sin: [T', 1, d] rotary tables of the positions. Writes this layer's K/V of the T tokens to `kv`
+        at batch.slot_mapping and returns the attention output [T', H]."""
+        t_all = x.shape[0]
+        t = batch.num_tokens
+        qkv = F.linear(x, self.w_qkv, self.b_qkv)[:t]
         qk = qkv[:, :self.q_dim + self.kv_dim].view(t, self.hq + self.hkv, self.d)
-        qk = apply_rope(qk, cos, sin)
+        qk = apply_rope(qk, cos[:t], sin[:t])
         q, k = qk[:, :self.hq], qk[:, self.hq:]
         v = qkv[:, self.q_dim + self.kv_dim:].view(t, self.hkv, self.d)
         kv.write(self.kv_layer, batch.slot_mapping, k, v)
-        k_cache, v_cache = kv.k[self.kv_layer], kv.v[self.kv_layer]
-        if plan.whole and plan.prefill:
-            _, n, start, rs = plan.prefill[0]
-            out = kattn.paged_attention(q, k_cache, v_cache, rs, start).reshape(t, self.q_dim)
-            return F.linear(out, self.w_o, self.b_o)
-        out = torch.empty(t, self.hq, self.d, dtype=x.dtype, device=x.device)
-        for row, n, start, rs in plan.prefill:
-            out[row:row + n] = kattn.paged_attention(q[row:row + n], k_cache, v_cache, rs, start)
-        if plan.decode_rows is not None:
-            if plan.whole or plan.decode_rows.shape[0] == t:
-                out = kattn.paged_decode_attention(q, k_cache, v_cache, plan.decode_slots, plan.decode_lens)
+        k_pages, v_pages = kv.pages(self.kv_layer)
+        if plan.whole and t_all == t:
+            if plan.prefill:
+                _, n, start, pages = plan.prefill[0]
+                out = kattn.paged_attention(q, k_pages, v_pages, pages, start)
             else:
-                qd = q.index_select(0, plan.decode_rows)
-                od = kattn.paged_decode_attention(qd, k_cache, v_cache, plan.decode_slots, plan.decode_lens)
-                out.index_copy_(0, plan.decode_rows, od)
-        return F.linear(out.reshape(t, self.q_dim), self.w_o, self.b_o)
+                out = kattn.paged_decode_attention(q, k_pages, v_pages, plan.decode_pages, plan.decode_lens)
+            return F.linear(out.reshape(t_all, self.q_dim), self.w_o, self.b_o)
+        alloc = torch.empty if t_all == t else torch.zeros
+        out = alloc(t_all, self.hq, self.d, dtype=x.dtype, device=x.device)
+        for row, n, start, pages in plan.prefill:
+            out[row:row + n] = kattn.paged_attention(q[row:row + n], k_pages, v_pages, pages, start)
+        if plan.decode_rows is not None:
+            qd = q.index_select(0, plan.decode_rows)
+            od = kattn.paged_decode_attention(qd, k_pages, v_pages, plan.decode_pages, plan.decode_lens)
+            out.index_copy_(0, plan.decode_rows, od)
+        return F.linear(out.reshape(t_all, self.q_dim), self.w_o, self.b_o)

@@ -39,6 +39,7 @@ class ForwardBatch:
     seq_lens: per chunk, its number of new tokens (rows of T). context_lens: per chunk, start + seq_len.
     starts: per chunk, its start (= context_len - seq_len).
     read_slots: per chunk, LongTensor [context_len]: the slots of positions 0 .. context_len-1 (attention reads).
+    page_tables: per chunk, LongTensor [ceil(context_len / page_tokens)]: its pages in position order.
     logits_index: LongTensor [N] rows of T whose logits forward() returns, in chunk order.
     logits_owner: per chunk (first row in the returned logits, count, index within token_ids of the first
         token with logits): "last" -> (r, 1, n-1), "all" -> (r, n, 0), "none" -> (r, 0, n).
@@ -53,6 +54,7 @@ class ForwardBatch:
     context_lens: list[int]
     starts: list[int]
     read_slots: list[torch.Tensor]
+    page_tables: list[torch.Tensor]
     logits_index: torch.Tensor
     logits_owner: list[tuple[int, int, int]]
     page_tokens: int
@@ -72,7 +74,7 @@ class ForwardBatch:
         if not chunks:
             raise ValueError("ForwardBatch.build: no chunks")
         ids: list[int] = []
-        positions, slot_mapping, read_slots, logits_rows = [], [], [], []
+        positions, slot_mapping, read_slots, page_tables, logits_rows = [], [], [], [], []
         seq_lens, context_lens, starts, owners = [], [], [], []
         offs = torch.arange(page_tokens, dtype=torch.long)
         row = 0
@@ -95,6 +97,7 @@ class ForwardBatch:
             positions.append(torch.arange(c.start, ctx, dtype=torch.long))
             slot_mapping.append(slots[c.start:])
             read_slots.append(slots)
+            page_tables.append(pages)
             seq_lens.append(n)
             context_lens.append(ctx)
             starts.append(c.start)
@@ -114,6 +117,7 @@ class ForwardBatch:
             positions=torch.cat(positions),
             slot_mapping=torch.cat(slot_mapping),
             seq_lens=seq_lens, context_lens=context_lens, starts=starts, read_slots=read_slots,
+            page_tables=page_tables,
             logits_index=torch.cat(logits_rows) if logits_rows else torch.zeros(0, dtype=torch.long),
             logits_owner=owners, page_tokens=page_tokens,
         )

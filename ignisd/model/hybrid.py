@@ -36,10 +36,17 @@ class Model:
     spec.mlp_bias); plus model.embed_tokens.weight, model.norm.weight and lm_head.weight unless
     spec.tie_word_embeddings. Raises KeyError naming a missing tensor, ValueError on a shape mismatch.
     Computes in the weights' dtype (fp32 on CPU).
+
+    batch_invariant: when True, every row's logits are bitwise independent of what else is in the batch (on CPU
+    with MKL): a forward of fewer than 12 tokens is padded to a multiple of 4 rows, because MKL's sgemm takes a
+    different (differently rounded) path for 1-3 rows, and for 5-11 rows at some thread counts, while every other
+    row count gives identical rows. Costs ~2x the matmul time of a single-lane decode step; off by default
+    (batched and alone then agree to ~1e-4 in the logits).
     """
 
-    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor]) -> None:
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], batch_invariant: bool = False) -> None:
         self.spec = spec
+        self.batch_invariant = batch_invariant
         w = weights
 
         def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -109,18 +116,35 @@ class Model:
         """
         if kv.spec.n_attention_layers != self.spec.n_attention_layers:
             raise ValueError("DevicePages was built for a different model")
+        t = batch.num_tokens
         plan = AttentionPlan.from_batch(batch)
-        x = F.embedding(batch.input_ids, self.embed)
+        ids, positions = batch.input_ids, batch.positions
+        pad = self._pad_rows(t) - t
+        if pad:   # padding rows: token 0 at position 0, K/V written nowhere, attention skipped (see Attention)
+            ids = F.pad(ids, (0, pad))
+            positions = F.pad(positions, (0, pad))
+        x = F.embedding(ids, self.embed)
         max_pos = max(c - 1 for c in batch.context_lens)
-        cos, sin = self.rotary.tables(batch.positions, max_pos)
+        cos, sin = self.rotary.tables(positions, max_pos)
         for layer in self.layers:
             x = x + layer.attn(rms_norm(x, layer.in_norm, layer.eps), cos, sin, batch, plan, kv)
             x = x + layer.mlp(rms_norm(x, layer.post_norm, layer.eps))
-        if batch.logits_index.numel() == 0:
+        n = batch.logits_index.numel()
+        if n == 0:
             return torch.zeros(0, self.spec.vocab_size, dtype=torch.float32, device=x.device)
-        if batch.logits_index.numel() != x.shape[0]:
-            x = x.index_select(0, batch.logits_index)
+        if n != x.shape[0]:
+            rows = batch.logits_index
+            pad = self._pad_rows(n) - n
+            if pad:
+                rows = F.pad(rows, (0, pad))
+            x = x.index_select(0, rows)
         x = rms_norm(x, self.norm, self.spec.rms_norm_eps)
-        return F.linear(x, self.lm_head).float()
+        return F.linear(x, self.lm_head)[:n].float()
+
+    def _pad_rows(self, rows: int) -> int:
+        """Row count to run the matmuls with (see batch_invariant)."""
+        if self.batch_invariant and rows < 12:
+            return -(-rows // 4) * 4
+        return rows
 
     __call__ = forward

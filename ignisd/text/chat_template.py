@@ -152,8 +152,8 @@ class ChatTemplate:
         ``messages`` should come from ``prepare_messages``. Keyword arguments (``enable_thinking=False``, ...)
         become template variables and override ``bos_token``/``eos_token``.
         Raises:
-            ChatTemplateError: the template raised (``raise_exception('...')``) or failed (undefined value used
-                in an expression, wrong type); the message is the template's.
+            ChatTemplateError (a ValueError): the template raised (``raise_exception('...')``) or failed (undefined
+                value used in an expression, wrong type); ``str(err)`` is the template's message, unprefixed.
         """
         chat = []
         for message in messages:
@@ -167,9 +167,9 @@ class ChatTemplate:
             return self._template.render(messages=chat, tools=_plain(tools), documents=None,
                                          add_generation_prompt=add_generation_prompt, **variables)
         except jinja2.exceptions.TemplateError as err:
-            raise ChatTemplateError(f"chat template: {err.message or type(err).__name__}") from err
+            raise ChatTemplateError(err.message or type(err).__name__) from err
         except (TypeError, AttributeError, KeyError, IndexError, ValueError) as err:
-            raise ChatTemplateError(f"chat template: {type(err).__name__}: {err}") from err
+            raise ChatTemplateError(f"{type(err).__name__}: {err}") from err
 
 
 def _content_text(content, field: str) -> str:

@@ -224,6 +224,17 @@ class Tokenizer:
         return cls(backend, bos_token_id=resolve("bos_token"), eos_token_id=resolve("eos_token"),
                    chat_template=template, extra_stop_ids=extra, add_bos_token=bool(cfg.get("add_bos_token", False)))
 
+    @classmethod
+    def from_path(cls, path: str | Path) -> "Tokenizer":
+        """``from_dir`` for a directory, else ``from_gguf`` (a GGUF file).
+        Raises: FileNotFoundError when ``path`` does not exist; as ``from_dir``/``from_gguf``."""
+        p = Path(path)
+        if p.is_dir():
+            return cls.from_dir(p)
+        if not p.is_file():
+            raise FileNotFoundError(f"{p}: no such file or directory")
+        return cls.from_gguf(p)
+
     # ------------------------------------------------------------------ use
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special-token text in it (``<|im_start|>``) becomes the special token.

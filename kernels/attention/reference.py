@@ -1,7 +1,7 @@
 """Pure-torch paged attention: the specification and the CPU path of ignis_kernels.attention.
 
-Keys/values live in a slot-addressed cache [S, Hkv, d] (slot = page * page_tokens + offset, see
-ignisd/model/batch.py); a sequence's context is the list of its slots in position order. Queries at positions
+Keys/values live in pages [P, page_tokens, Hkv, d] (a view of DevicePages.k[layer]; slot = page * page_tokens +
+offset); a sequence's context is its page table (pages in position order). Queries at positions
 start .. start+n-1 attend causally over context positions 0 .. start+n-1 (query i sees keys j <= start + i).
 GQA: query head h uses kv head h // (Hq // Hkv) (HF's repeat_kv / SDPA enable_gqa convention).
 Scores are softmax(q k^T * scale) with scale = 1/sqrt(d) by default (Vaswani et al. 2017); computed in q's dtype
@@ -12,6 +12,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# torch's CPU flash-attention op, which also returns the log-sum-exp of each query row: lets a chunk's attention be
+# split into an unmasked part over the earlier context and a causal part over the chunk, merged exactly
+# (Milakov & Gimelshein 2018, online softmax). Absent -> the masked single call is used instead.
+_FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
 
 def causal_mask(n: int, start: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Bool mask [n, start+n]: True where query i (position start+i) may attend key j (j <= start+i)."""
@@ -19,50 +24,87 @@ def causal_mask(n: int, start: int, device: torch.device | str = "cpu") -> torch
     return torch.arange(ctx, device=device)[None, :] <= (start + torch.arange(n, device=device))[:, None]
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+def gather_pages(cache: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
+    """Copy whole pages: cache [P, page_tokens, Hkv, d], page_table LongTensor [..., n_pages]
+    -> [..., n_pages * page_tokens, Hkv, d] (storage dtype)."""
+    p, pt, hkv, d = cache.shape
+    flat = cache.view(p, pt * hkv * d).index_select(0, page_table.reshape(-1))
+    return flat.view(*page_table.shape[:-1], page_table.shape[-1] * pt, hkv, d)
+
+
+def paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor,
                     start: int, scale: float | None = None) -> torch.Tensor:
-    """Causal attention of one sequence's n new queries over its cached context.
+    """Causal attention of one sequence's n new queries over its paged context.
 
     q: [n, Hq, d] float (fp32), positions start .. start+n-1.
-    k_cache, v_cache: [S, Hkv, d] in the storage dtype (fp32 / bf16), already holding the n new keys/values.
-    slots: LongTensor [start + n], the cache slots of positions 0 .. start+n-1.
+    k_pages, v_pages: [P, page_tokens, Hkv, d] in the storage dtype (fp32 / bf16), already holding the n new
+        keys/values.
+    page_table: LongTensor [>= ceil((start+n) / page_tokens)]: the sequence's pages in position order
+        (position p lives at page_table[p // page_tokens], offset p % page_tokens).
     Returns [n, Hq, d] in q's dtype (a view; may be non-contiguous).
     """
     n, hq, _ = q.shape
-    hkv = k_cache.shape[1]
-    k = k_cache.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)   # [1, Hkv, ctx, d]
-    v = v_cache.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
-    qh = q.transpose(0, 1).unsqueeze(0)                                              # [1, Hq, n, d]
+    hkv = k_pages.shape[2]
+    ctx = start + n
+    used = page_table[:-(-ctx // k_pages.shape[1])]
+    k = gather_pages(k_pages, used)[:ctx].to(q.dtype).transpose(0, 1).unsqueeze(0)   # [1, Hkv, ctx, d]
+    v = gather_pages(v_pages, used)[:ctx].to(q.dtype).transpose(0, 1).unsqueeze(0)
+    qh = q.transpose(0, 1).unsqueeze(0)                                                # [1, Hq, n, d]
     gqa = hq != hkv
     if n == 1:
         out = F.scaled_dot_product_attention(qh, k, v, scale=scale, enable_gqa=gqa)
     elif start == 0:
         out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    elif _FLASH_LSE is not None and q.device.type == "cpu" and q.dtype == torch.float32:
+        out = _split_attention(q, k, v, start, scale)
     else:
         mask = causal_mask(n, start, q.device)
         out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
     return out[0].transpose(0, 1)
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           slot_table: torch.Tensor, context_lens: torch.Tensor,
+def _split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                     scale: float | None) -> torch.Tensor:
+    """Chunk attention as (all queries x keys [0, start), no mask) + (causal within the chunk), merged by the
+    rows' log-sum-exp: out = (o1 e^(l1-m) + o2 e^(l2-m)) / (e^(l1-m) + e^(l2-m)), m = max(l1, l2).
+
+    q: [n, Hq, d]; k, v: [1, Hkv, start + n, d]. Returns [1, Hq, n, d]. The unmasked part runs the g = Hq/Hkv
+    query heads of a kv head as g*n rows of that head (no K/V copies; ~25% faster than one masked call at 8k)."""
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    qg = q.view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(1, hkv, g * n, d)
+    o1, l1 = _FLASH_LSE(qg, k[:, :, :start], v[:, :, :start], scale=scale)
+    o1, l1 = o1.reshape(1, hq, n, d), l1.reshape(1, hq, n)
+    kc, vc = k[:, :, start:], v[:, :, start:]
+    if g > 1:
+        kc, vc = kc.repeat_interleave(g, dim=1), vc.repeat_interleave(g, dim=1)
+    o2, l2 = _FLASH_LSE(q.transpose(0, 1).unsqueeze(0), kc, vc, is_causal=True, scale=scale)
+    m = torch.maximum(l1, l2)
+    w1, w2 = torch.exp(l1 - m).unsqueeze(-1), torch.exp(l2 - m).unsqueeze(-1)
+    return (o1 * w1 + o2 * w2) / (w1 + w2)
+
+
+def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                           page_table: torch.Tensor, context_lens: torch.Tensor,
                            scale: float | None = None) -> torch.Tensor:
     """One new query per sequence for B sequences at once (batched decode).
 
-    q: [B, Hq, d] float, the query of each sequence at position context_lens[b] - 1.
-    k_cache, v_cache: [S, Hkv, d] storage dtype, holding each sequence's new key/value.
-    slot_table: LongTensor [B, L] with L >= max(context_lens): row b's first context_lens[b] entries are the slots
-        of positions 0 .. context_lens[b]-1; the rest is padding (any valid slot; masked out).
-    context_lens: LongTensor [B] (>= 1).
+    q: [B, Hq, d] float, the query of sequence b at position context_lens[b] - 1.
+    k_pages, v_pages: [P, page_tokens, Hkv, d] storage dtype, holding each sequence's new key/value.
+    page_table: LongTensor [B, W]: row b lists sequence b's pages in position order, padded to W with any valid
+        page id (masked out). context_lens: LongTensor [B], 1 <= context_lens[b] <= W * page_tokens.
     Returns [B, Hq, d] in q's dtype.
     """
-    b, hq, _ = q.shape
-    hkv = k_cache.shape[1]
-    length = slot_table.shape[1]
-    k = k_cache[slot_table].to(q.dtype).transpose(1, 2)      # [B, Hkv, L, d]
-    v = v_cache[slot_table].to(q.dtype).transpose(1, 2)
+    b, hq, d = q.shape
+    hkv = k_pages.shape[2]
+    length = page_table.shape[1] * k_pages.shape[1]
+    k = gather_pages(k_pages, page_table).to(q.dtype).transpose(1, 2)     # [B, Hkv, L, d]
+    v = gather_pages(v_pages, page_table).to(q.dtype).transpose(1, 2)
     mask = None
     if bool((context_lens != length).any()):
         mask = (torch.arange(length, device=q.device)[None, :] < context_lens[:, None])[:, None, None, :]
-    out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=hq != hkv)
-    return out[:, :, 0, :]
+    # grouped query layout: the g = Hq/Hkv query heads sharing kv head h become g query rows of head h
+    qg = q.view(b, hkv, hq // hkv, d)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)   # [B, Hkv, g, d]
+    return out.reshape(b, hq, d)

@@ -68,11 +68,13 @@ def test_context_and_pool_limits_refused():
 
 
 def test_queue_full_is_busy():
-    s = _sched(max_queue=2)
-    s.submit(_req("a", 5))
+    s = _sched(max_queue=2, lanes=1)
+    s.submit(_req("a", 5))        # gets the lane at once: never waits
     s.submit(_req("b", 5))
+    s.submit(_req("c", 5))
+    assert [q.rid for q in s.waiting] == ["b", "c"]
     with pytest.raises(QueueFull):
-        s.submit(_req("c", 5))
+        s.submit(_req("d", 5))
 
 
 def test_chunks_restart_at_multiples_and_budget_holds():
@@ -115,7 +117,9 @@ def test_cancel_waiting_and_running():
 
 def test_interactive_admitted_before_agent():
     s = _sched(pages=8, lanes=1)
+    s.submit(_req("first", 10))
     s.submit(_req("agent", 10, prio=Priority.AGENT, arrival=0.0))
     s.submit(_req("inter", 10, prio=Priority.INTERACTIVE, arrival=1.0))
+    s.cancel("first", FinishReason.CANCELLED)    # the lane frees: the later interactive request goes first
     s.schedule()
     assert [q.rid for q in s.running] == ["inter"]

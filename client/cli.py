@@ -1,0 +1,115 @@
+"""The ``ignis`` command: talk to a running ignisd.
+
+    ignis chat "text" [--system S] [--max-tokens N] [--temperature T] [--seed N]   streams the answer (greedy)
+    ignis status | ignis metrics | ignis health
+
+Every subcommand takes ``--socket PATH`` (default: resolved as in DESIGN §6), ``--api-key-file FILE`` (or
+$IGNIS_API_KEY) and ``--timeout S``. Exit status: 0 on success, 1 on an error reply or when no daemon is listening,
+130 when interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .client import Client, DaemonNotRunning, IgnisError
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--socket", help="daemon socket (default: $IGNIS_SOCKET, $RUNTIME_DIRECTORY/ignisd.sock, "
+                                         "/run/ignis/ignisd.sock, $XDG_RUNTIME_DIR/ignis/ignisd.sock, "
+                                         "/tmp/ignis-$UID/ignisd.sock)")
+    common.add_argument("--api-key-file", help="file holding the daemon's API key (default: $IGNIS_API_KEY)")
+    common.add_argument("--timeout", type=float, default=None, help="seconds to wait for each reply")
+    p = argparse.ArgumentParser(prog="ignis", description="Client of the ignisd inference daemon.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    chat = sub.add_parser("chat", parents=[common], help="send one user message and stream the answer")
+    chat.add_argument("text", help="the user message")
+    chat.add_argument("--system", help="a system message before it")
+    chat.add_argument("--max-tokens", type=int, default=None, help="cap on generated tokens (default: the daemon's)")
+    chat.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    chat.add_argument("--seed", type=int, default=None, help="sampling seed")
+    sub.add_parser("status", parents=[common], help="print the daemon's status as JSON")
+    sub.add_parser("metrics", parents=[common], help="print the Prometheus metrics")
+    sub.add_parser("health", parents=[common], help="print health; exit 1 unless ok")
+    return p
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    if args.api_key_file:
+        with open(args.api_key_file, encoding="utf-8") as f:
+            return f.read().strip()
+    return os.environ.get("IGNIS_API_KEY") or None
+
+
+def _chat(client: Client, args: argparse.Namespace) -> int:
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.text}]
+    out, err = sys.stdout, sys.stderr
+    in_reasoning = False
+    events = client.chat(messages, stream=True, max_tokens=args.max_tokens, temperature=args.temperature,
+                         seed=args.seed)
+    try:
+        for ev in events:
+            if ev["type"] == "delta":
+                if ev.get("reasoning_content"):
+                    err.write(ev["reasoning_content"])
+                    err.flush()
+                    in_reasoning = True
+                if ev.get("text"):
+                    if in_reasoning:
+                        err.write("\n")
+                        in_reasoning = False
+                    out.write(ev["text"])
+                    out.flush()
+            elif ev["type"] == "done":
+                out.write("\n")
+                out.flush()
+                if ev.get("finish_reason") == "length":
+                    err.write("ignis: the answer was cut at max_tokens\n")
+    finally:
+        events.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``ignis``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        client = Client(args.socket, timeout=args.timeout, api_key=_api_key(args))
+    except OSError as e:
+        print(f"ignis: cannot read the API key file: {e}", file=sys.stderr)
+        return 1
+    try:
+        with client:
+            if args.cmd == "chat":
+                return _chat(client, args)
+            if args.cmd == "status":
+                print(json.dumps(client.status(), indent=2, ensure_ascii=False))
+            elif args.cmd == "metrics":
+                sys.stdout.write(client.metrics()["text"])
+            elif args.cmd == "health":
+                h = client.health()
+                print(json.dumps(h, ensure_ascii=False))
+                return 0 if h.get("ok") else 1
+            return 0
+    except DaemonNotRunning as e:
+        print(f"ignis: the daemon is not running: nothing listens on {e.socket_path}\n"
+              "  start it with `ignisd serve` (or `make serve`), or point at it with --socket PATH / $IGNIS_SOCKET",
+              file=sys.stderr)
+        return 1
+    except IgnisError as e:
+        print(f"ignis: error {e.code}: {e.message}" + (f" (field {e.field})" if e.field else ""), file=sys.stderr)
+        return 1
+    except (ConnectionError, TimeoutError) as e:
+        print(f"ignis: connection to {client.socket_path} failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""Generated text → OpenAI-shaped reply: ``content``, ``reasoning_content`` (``<think>…</think>``) and
+``tool_calls``, streamed as deltas and summed up as the final message.
+
+Usage (one parser per request; pieces as ``StreamDecoder.push`` returns them, split anywhere)::
+
+    parser = make_output_parser(family, tools, starts_in_reasoning=prompt_starts_in_reasoning(prompt))
+    for piece in pieces:
+        delta = parser.feed(piece)      # {} or a subset of {"content", "reasoning_content", "tool_calls"}
+    out = parser.finish()               # out.delta: what the end released; out.message(); out.has_tool_calls
+
+Families: "qwen3_5" (Qwen3.5: XML tool calls) and "qwen3" (Qwen3 / Qwen3-Next, alias "qwen3_next": JSON tool
+calls) parse the same way: both call forms are recognised whichever the family (tool_calls.py). "none" (e.g.
+SmolLM2): everything is content, verbatim.
+
+For the Qwen families the reply is split in regions:
+
+* Reasoning: from the start when ``starts_in_reasoning`` (Qwen3.5's generation prompt ends with ``<think>\\n``),
+  or when the output opens with ``<think>`` (after optional whitespace; with ``starts_in_reasoning`` such a
+  repeated ``<think>`` is skipped), up to ``</think>``; unclosed, it runs to the end. Inside it everything is
+  reasoning, ``<tool_call>`` included. ``<think>`` anywhere later is content.
+* Tool calls: ``<tool_call>…</tool_call>`` outside reasoning. A malformed or unclosed call falls back to content
+  (its raw text, ``<tool_call>`` included).
+* Content: the rest, concatenated.
+
+``reasoning_content`` and ``content`` are trimmed of whitespace at both ends (the chat template trims both when
+it renders the turn back), so the separators around ``</think>`` and tool calls disappear. Streaming holds back
+any text that could be the start of ``<think>``, ``</think>`` or ``<tool_call>``, and trailing whitespace, until
+the next piece decides it; so a delta never shows part of a tag or of a tool call as content.
+
+Invariants: the final message depends only on the whole text, never on how it was split. The deltas,
+accumulated (strings concatenated, tool-call pieces merged by index), equal the final message, except when a
+tool call whose header was already streamed turns out malformed or is cut off: its pieces cannot be taken
+back, and the final message shows its text as content (the stream then also gets that text as content).
+No torch here.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ignisd.text.tool_calls import TOOL_OPEN, ToolCallParser, held_suffix, parameter_types
+
+FAMILIES = ("qwen3_5", "qwen3", "none")
+_ALIASES = {"qwen3_next": "qwen3"}
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+
+def prompt_starts_in_reasoning(prompt: str) -> bool:
+    """Whether a rendered prompt leaves generation inside an open ``<think>`` block: its last turn (from the
+    last ``<|im_start|>``) has a ``<think>`` after its last ``</think>``. True for Qwen3.5's default opener
+    ``<|im_start|>assistant\\n<think>\\n``; False with ``enable_thinking=false`` (``<think>\\n\\n</think>\\n\\n``)
+    and for openers without ``<think>``."""
+    tail = prompt[max(prompt.rfind("<|im_start|>"), 0):]
+    return tail.rfind(THINK_OPEN) > tail.rfind(THINK_CLOSE)
+
+
+class _Verbatim:
+    """A text stream kept as it comes."""
+
+    def __init__(self):
+        self._parts: list[str] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    def add(self, s: str) -> str:
+        if s:
+            self._parts.append(s)
+        return s
+
+
+class _Trimmed(_Verbatim):
+    """A text stream trimmed at both ends: leading whitespace dropped, trailing whitespace held until more
+    text follows it (and dropped at the end)."""
+
+    def __init__(self):
+        super().__init__()
+        self._ws = ""
+
+    def add(self, s: str) -> str:
+        core = s.rstrip()
+        if not core:
+            if self._parts:
+                self._ws += s
+            return ""
+        out = self._ws + core if self._parts else core.lstrip()
+        self._ws = s[len(core):]
+        self._parts.append(out)
+        return out
+
+
+class _Delta:
+    """Collects one ``feed``'s output; tool-call pieces of the same index are merged."""
+
+    def __init__(self):
+        self.content = ""
+        self.reasoning = ""
+        self.calls: list[dict] = []
+
+    def tool(self, pieces: list[dict]) -> None:
+        for p in pieces:
+            if self.calls and self.calls[-1]["index"] == p["index"]:
+                self.calls[-1]["function"]["arguments"] += p["function"]["arguments"]
+            else:
+                self.calls.append(p)
+
+    def out(self) -> dict:
+        d: dict = {}
+        if self.content:
+            d["content"] = self.content
+        if self.reasoning:
+            d["reasoning_content"] = self.reasoning
+        if self.calls:
+            d["tool_calls"] = self.calls
+        return d
+
+
+@dataclass(frozen=True)
+class ParsedOutput:
+    """The end of a reply.
+
+    Attributes:
+        content: the visible text; None when empty and the reply made tool calls.
+        reasoning_content: the thinking; None when empty.
+        tool_calls: ``[{"id", "type": "function", "function": {"name", "arguments": JSON string}}]`` or None.
+        delta: the last delta (text held back until the end: a possible tag start, a cut-off call), {} if none.
+    """
+
+    content: str | None
+    reasoning_content: str | None
+    tool_calls: list[dict] | None
+    delta: dict = field(default_factory=dict)
+
+    @property
+    def has_tool_calls(self) -> bool:
+        """The reply made a tool call: its finish_reason is "tool_calls"."""
+        return bool(self.tool_calls)
+
+    def message(self) -> dict:
+        """``done.message``: ``{"role": "assistant", "content", "reasoning_content", "tool_calls"}``."""
+        return {"role": "assistant", "content": self.content, "reasoning_content": self.reasoning_content,
+                "tool_calls": self.tool_calls}
+
+
+def _random_call_id(index: int) -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+class OutputParser:
+    """Streaming parser of one reply; see the module docstring. Build it with ``make_output_parser``."""
+
+    def __init__(self, family: str, tools: list | None = None, starts_in_reasoning: bool = False,
+                 make_id: Callable[[int], str] | None = None):
+        family = _ALIASES.get(family, family)
+        if family not in FAMILIES:
+            raise ValueError(f"unknown output family {family!r}; expected one of {', '.join(FAMILIES)}")
+        self.family = family
+        self._parse = family != "none"
+        self._mode = "start" if self._parse else "content"
+        self._after_start = "reasoning" if starts_in_reasoning else "content"
+        self._types = parameter_types(tools) if self._parse else {}
+        self._make_id = make_id or _random_call_id
+        self._buf = ""
+        self._reasoning = _Trimmed()
+        self._content = _Trimmed() if self._parse else _Verbatim()
+        self._call: ToolCallParser | None = None
+        self._calls: list[dict] = []
+        self._n_indices = 0
+        self._result: ParsedOutput | None = None
+
+    def _allocate(self) -> tuple[int, str]:
+        index = self._n_indices
+        self._n_indices += 1
+        return index, self._make_id(index)
+
+    def feed(self, text: str) -> dict:
+        """Add a generated piece; return its delta: {} or some of ``content`` (str), ``reasoning_content``
+        (str), ``tool_calls`` (``[{"index", "id", "type", "function": {"name", "arguments"}}]`` for a call's
+        first piece, ``[{"index", "function": {"arguments"}}]`` for later ones)."""
+        if self._result is not None:
+            raise RuntimeError("feed after finish")
+        delta = _Delta()
+        if text:
+            self._buf += text
+            self._run(delta, final=False)
+        return delta.out()
+
+    def finish(self) -> ParsedOutput:
+        """End of generation: release held text, turn an unclosed call into content, return the result
+        (the same object on later calls)."""
+        if self._result is None:
+            delta = _Delta()
+            self._run(delta, final=True)
+            calls = self._calls or None
+            content = self._content.text
+            self._result = ParsedOutput(content=None if (not content and calls) else content,
+                                        reasoning_content=self._reasoning.text or None,
+                                        tool_calls=calls, delta=delta.out())
+        return self._result
+
+    def _run(self, delta: _Delta, final: bool) -> None:
+        while True:
+            mode, buf = self._mode, self._buf
+            if mode == "start":  # a reply may open with <think> (skipped when the prompt opened it already)
+                s = buf.lstrip()
+                if s.startswith(THINK_OPEN):
+                    self._mode, self._buf = "reasoning", s[len(THINK_OPEN):]
+                    continue
+                if not final and THINK_OPEN.startswith(s):
+                    return
+                self._mode = self._after_start
+            elif mode == "reasoning":
+                end = buf.find(THINK_CLOSE)
+                if end >= 0:
+                    delta.reasoning += self._reasoning.add(buf[:end])
+                    self._mode, self._buf = "content", buf[end + len(THINK_CLOSE):]
+                    continue
+                keep = 0 if final else held_suffix(buf, (THINK_CLOSE,))
+                delta.reasoning += self._reasoning.add(buf[:len(buf) - keep])
+                self._buf = buf[len(buf) - keep:]
+                return
+            elif mode == "content":
+                start = buf.find(TOOL_OPEN) if self._parse else -1
+                if start >= 0:
+                    delta.content += self._content.add(buf[:start])
+                    self._call = ToolCallParser(self._allocate, self._types)
+                    self._mode, self._buf = "tool", buf[start + len(TOOL_OPEN):]
+                    continue
+                keep = 0 if (final or not self._parse) else held_suffix(buf, (TOOL_OPEN,))
+                delta.content += self._content.add(buf[:len(buf) - keep])
+                self._buf = buf[len(buf) - keep:]
+                return
+            else:  # "tool": the open call takes everything
+                call = self._call
+                delta.tool(call.feed(buf))
+                self._buf = ""
+                if call.status == "open" and final:
+                    call.finish()
+                if call.status == "done":
+                    self._calls.append(call.call())
+                    self._mode, self._buf, self._call = "content", call.rest, None
+                elif call.status == "failed":  # its text is content; what follows <tool_call> is parsed again
+                    delta.content += self._content.add(TOOL_OPEN)
+                    self._mode, self._buf, self._call = "content", call.body, None
+                else:
+                    return
+
+
+def make_output_parser(family: str, tools: list | None = None, starts_in_reasoning: bool = False,
+                       make_id: Callable[[int], str] | None = None) -> OutputParser:
+    """A parser for one reply.
+
+    Args:
+        family: "qwen3_5" | "qwen3" (alias "qwen3_next") | "none".
+        tools: the request's ``tools`` (OpenAI shape); their parameter schemas type Qwen3.5's XML values.
+        starts_in_reasoning: the prompt ends inside ``<think>`` (see ``prompt_starts_in_reasoning``).
+        make_id: index → tool-call id (default ``call_`` + 24 random hex digits).
+    Raises:
+        ValueError: unknown family.
+    """
+    return OutputParser(family, tools, starts_in_reasoning, make_id)
+
+
+def parse_output(text: str, family: str, tools: list | None = None, starts_in_reasoning: bool = False,
+                 make_id: Callable[[int], str] | None = None) -> ParsedOutput:
+    """Parse a whole reply at once (a non-streamed request)."""
+    parser = make_output_parser(family, tools, starts_in_reasoning, make_id)
+    parser.feed(text)
+    return parser.finish()

@@ -1,0 +1,309 @@
+"""ignis_client against a tiny fake daemon written here (an asyncio Unix-socket NDJSON peer with hand-written reply
+shapes), the `ignis` command, and the no-torch rule of the control plane."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+import pytest
+
+from ignis_client import AsyncClient, Client, DaemonNotRunning, IgnisError
+from ignis_client import cli
+
+USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7, "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def done(rid, text, finish="stop"):
+    return {"id": rid, "type": "done", "text": text, "finish_reason": finish, "usage": USAGE,
+            "timings": {"queue_ms": 0, "load_ms": 0, "ttft_ms": 1, "prefill_tokens_per_s": 0, "decode_tokens_per_s": 0},
+            "ignis": {"reuse": {"tier": None, "kind": None, "cached_tokens": 0, "reason": "miss",
+                                "best_candidate": None, "diverged_at": None}},
+            "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}}
+
+
+class FakeDaemon:
+    """NDJSON peer. chat behaviour by the last message's content: "fail" → error reply; "slow" → answers after
+    0.3 s; "garble" → an error with id null; "forever" → deltas until cancelled; else "Hel" + "lo"."""
+
+    def __init__(self, path: str):
+        self.path, self.requests, self.cancelled, self.writers = path, [], set(), set()
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(asyncio.start_unix_server(self._conn, self.path))
+        self.ready.set()
+        self.loop.run_forever()
+
+    def start(self):
+        self.thread.start()
+        self.ready.wait(5)
+        return self
+
+    def stop(self):
+        async def shut():
+            self.server.close()
+            for w in list(self.writers):
+                w.close()
+            await self.server.wait_closed()
+        asyncio.run_coroutine_threadsafe(shut(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+    async def _conn(self, reader, writer):
+        def send(obj):
+            writer.write(json.dumps(obj).encode() + b"\n")
+        tasks = set()
+        self.writers.add(writer)
+        while line := await reader.readline():
+            req = json.loads(line)
+            self.requests.append(req)
+            t = asyncio.ensure_future(self._handle(req, send))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+        self.writers.discard(writer)
+        writer.close()
+
+    async def _handle(self, req, send):
+        rid, op = req["id"], req["op"]
+        if op == "health":
+            send({"id": rid, "type": "result", "result": {"ok": True, "model": "fake"}})
+        elif op == "status":
+            send({"id": rid, "type": "result", "result": {"queue": {"waiting": 0}, "lanes": {"total": 8}}})
+        elif op == "metrics":
+            send({"id": rid, "type": "result", "result": {"text": "# TYPE ignis_lanes_busy gauge\nignis_lanes_busy 0.0\n"}})
+        elif op == "cancel":
+            self.cancelled.add(req["target"])
+            send({"id": rid, "type": "result", "result": {"cancelled": True}})
+        elif op in ("tokenize", "detokenize", "reset"):
+            send({"id": rid, "type": "result", "result": {"echo": req}})
+        elif op in ("chat", "completion"):
+            what = req["messages"][-1]["content"] if op == "chat" else req["prompt"]
+            if what == "fail":
+                send({"id": rid, "type": "error", "error": {"code": "bad_request", "message": "messages[0].role: no",
+                                                            "field": "messages[0].role"}})
+                return
+            if what == "garble":
+                send({"id": None, "type": "error", "error": {"code": "bad_json", "message": "invalid JSON",
+                                                             "field": None}})
+                return
+            if what == "slow":
+                await asyncio.sleep(0.3)
+            if what == "forever":
+                while rid not in self.cancelled:
+                    send({"id": rid, "type": "delta", "text": "x"})
+                    await asyncio.sleep(0.01)
+                send(done(rid, "x", "cancelled"))
+                return
+            text = f"Hello {what}" if what not in ("hi", "slow") else "Hello"
+            if req.get("stream"):
+                send({"id": rid, "type": "delta", "text": text[:3]})
+                await asyncio.sleep(0.01)
+                send({"id": rid, "type": "delta", "text": text[3:]})
+            send(done(rid, text))
+
+
+@pytest.fixture
+def daemon():
+    d = tempfile.mkdtemp(prefix="ig")          # short: AF_UNIX paths are limited to 107 bytes
+    fake = FakeDaemon(os.path.join(d, "s.sock")).start()
+    yield fake
+    fake.stop()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ sync client
+
+def test_sync_chat_and_ops(daemon):
+    with Client(daemon.path, timeout=5) as c:
+        reply = c.chat("hi", temperature=0, max_tokens=8)
+        assert reply["type"] == "done" and reply["text"] == "Hello" and reply["usage"] == USAGE
+        assert c.health() == {"ok": True, "model": "fake"}
+        assert c.status()["lanes"] == {"total": 8}
+        assert c.metrics()["text"].startswith("# TYPE")
+        assert c.cancel("zz") == {"cancelled": True}
+        assert c.tokenize(text="abc")["echo"]["text"] == "abc"
+        assert c.detokenize([1, 2])["echo"]["tokens"] == [1, 2]
+        assert c.reset()["echo"]["op"] == "reset"
+        assert c.completion([1, 2, 3], max_tokens=2)["text"] == "Hello [1, 2, 3]"
+    first = daemon.requests[0]
+    assert first["op"] == "chat" and first["messages"] == [{"role": "user", "content": "hi"}]
+    assert first["stream"] is False and first["temperature"] == 0 and first["max_tokens"] == 8
+    ids = [r["id"] for r in daemon.requests]
+    assert len(set(ids)) == len(ids) and all(1 <= len(i) <= 128 for i in ids)
+    assert all("api_key" not in r for r in daemon.requests)
+
+
+def test_sync_stream(daemon):
+    with Client(daemon.path, timeout=5) as c:
+        events = list(c.chat([{"role": "user", "content": "hi"}], stream=True))
+    assert [e["type"] for e in events] == ["delta", "delta", "done"]
+    assert "".join(e["text"] for e in events[:-1]) == events[-1]["text"] == "Hello"
+    assert daemon.requests[0]["stream"] is True
+
+
+def test_sync_error_reply_raises(daemon):
+    with Client(daemon.path, timeout=5) as c:
+        with pytest.raises(IgnisError) as ei:
+            c.chat("fail")
+        assert (ei.value.code, ei.value.field) == ("bad_request", "messages[0].role")
+        assert c.health()["ok"]                    # the connection is still usable
+
+
+def test_sync_unparsed_line_error_goes_to_the_waiting_request(daemon):
+    with Client(daemon.path, timeout=5) as c:
+        with pytest.raises(IgnisError) as ei:
+            c.chat("garble")
+        assert ei.value.code == "bad_json"
+
+
+def test_sync_closing_a_stream_early_cancels_it(daemon):
+    with Client(daemon.path, timeout=5) as c:
+        events = c.chat("forever", stream=True)
+        assert next(events)["type"] == "delta"
+        rid = daemon.requests[-1]["id"]
+        events.close()
+        assert c.health()["ok"]                    # leftover events of the cancelled request are dropped
+        assert rid in daemon.cancelled
+        assert c.chat("hi")["text"] == "Hello"
+
+
+def test_sync_interleaved_streams(daemon):
+    with Client(daemon.path, timeout=5) as c:
+        a = c.chat("alpha", stream=True)
+        b = c.chat("beta", stream=True)
+        got_b = list(b)
+        got_a = list(a)
+    assert got_a[-1]["text"] == "Hello alpha" and got_b[-1]["text"] == "Hello beta"
+
+
+def test_api_key_sent_except_for_health(daemon):
+    with Client(daemon.path, timeout=5, api_key="sekrit") as c:
+        c.health()
+        c.status()
+    assert "api_key" not in daemon.requests[0] and daemon.requests[1]["api_key"] == "sekrit"
+
+
+def test_client_refuses_an_oversized_line_itself(daemon):
+    with Client(daemon.path, timeout=5, max_line_bytes=1024) as c:
+        with pytest.raises(IgnisError) as ei:
+            c.chat("x" * 2000)
+        assert ei.value.code == "too_long"
+
+
+def test_not_running_names_the_socket(tmp_path):
+    path = str(tmp_path / "none.sock")
+    with pytest.raises(DaemonNotRunning) as ei:
+        Client(path).health()
+    assert ei.value.socket_path == path and path in str(ei.value)
+
+
+def test_default_socket_path_is_resolved(monkeypatch):
+    monkeypatch.setenv("IGNIS_SOCKET", "/x/y.sock")
+    assert Client().socket_path == "/x/y.sock" and AsyncClient().socket_path == "/x/y.sock"
+
+
+# ------------------------------------------------------------------ async client
+
+def test_async_demultiplexes_concurrent_requests(daemon):
+    async def main():
+        async with AsyncClient(daemon.path, timeout=5) as c:
+            slow = asyncio.ensure_future(c.chat("slow"))
+            await asyncio.sleep(0.05)
+            fast = await c.chat("quick")
+            assert not slow.done()             # answered out of order on one connection
+            events = [e async for e in c.chat("streamed", stream=True)]
+            health = await c.health()
+            return await slow, fast, events, health
+    slow, fast, events, health = asyncio.run(main())
+    assert slow["text"] == "Hello" and fast["text"] == "Hello quick"
+    assert [e["type"] for e in events] == ["delta", "delta", "done"] and events[-1]["text"] == "Hello streamed"
+    assert health == {"ok": True, "model": "fake"}
+
+
+def test_async_errors_and_stream_forms(daemon):
+    async def main():
+        async with AsyncClient(daemon.path, timeout=5) as c:
+            with pytest.raises(IgnisError) as ei:
+                await c.chat("fail")
+            assert ei.value.field == "messages[0].role"
+            with pytest.raises(IgnisError):
+                async for _ in c.chat("fail", stream=True):
+                    pass
+            stream = await c.completion("prompt", stream=True)       # awaiting the stream sends it
+            assert stream.id is not None
+            texts = [e["text"] async for e in stream]
+            async with c.chat("forever", stream=True) as s:
+                first = await s.__anext__()
+                rid = s.id
+            await asyncio.sleep(0.05)
+            return texts, first, rid, await c.status()
+    texts, first, rid, status = asyncio.run(main())
+    assert texts == ["Hel", "lo prompt", "Hello prompt"]
+    assert first["type"] == "delta" and rid in daemon.cancelled and status["queue"] == {"waiting": 0}
+
+
+def test_async_not_running(tmp_path):
+    async def main():
+        await AsyncClient(str(tmp_path / "none.sock")).health()
+    with pytest.raises(DaemonNotRunning):
+        asyncio.run(main())
+
+
+# ------------------------------------------------------------------ the ignis command
+
+def test_cli_chat_streams_greedy(daemon, capsys):
+    assert cli.main(["chat", "hi", "--socket", daemon.path, "--system", "Be brief.", "--max-tokens", "9"]) == 0
+    assert capsys.readouterr().out == "Hello\n"
+    req = daemon.requests[0]
+    assert req["temperature"] == 0 and req["stream"] is True and req["max_tokens"] == 9
+    assert req["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+
+
+def test_cli_status_metrics_health(daemon, capsys):
+    assert cli.main(["status", "--socket", daemon.path]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out) == {"queue": {"waiting": 0}, "lanes": {"total": 8}} and "\n  " in out
+    assert cli.main(["metrics", "--socket", daemon.path]) == 0
+    assert capsys.readouterr().out == "# TYPE ignis_lanes_busy gauge\nignis_lanes_busy 0.0\n"
+    assert cli.main(["health", "--socket", daemon.path]) == 0
+    assert json.loads(capsys.readouterr().out) == {"ok": True, "model": "fake"}
+
+
+def test_cli_error_reply(daemon, capsys):
+    assert cli.main(["chat", "fail", "--socket", daemon.path]) == 1
+    assert "bad_request" in capsys.readouterr().err
+
+
+def test_cli_daemon_not_running(tmp_path, capsys, monkeypatch):
+    path = str(tmp_path / "nothing.sock")
+    assert cli.main(["status", "--socket", path]) == 1
+    err = capsys.readouterr().err
+    assert "not running" in err and path in err
+    monkeypatch.setenv("IGNIS_SOCKET", path)
+    assert cli.main(["health"]) == 1
+    assert path in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ control plane imports no torch
+
+def test_control_plane_imports_without_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import ignisd.config, ignisd.log, ignisd.metrics\n"
+            "import ignis_client, ignis_client.protocol, ignis_client.client, ignis_client.cli\n"
+            "c = ignisd.config.parse_serve_args(['--lanes', '2'], env={})\n"
+            "assert c.server.lanes == 2\n"
+            "ignisd.metrics.Metrics().render()\n"
+            "bad = [m for m in sys.modules if m.startswith(('torch', 'numpy')) and sys.modules[m] is not None]\n"
+            "assert not bad, bad\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
