@@ -1,0 +1,326 @@
+"""Request ops of the ignis wire protocol (DESIGN §5): the ``*Op`` dataclasses and ``parse_request`` (dict → op).
+
+Every validation failure raises ``ProtocolError`` naming the field path. Re-exported by ``protocol``, the one import
+point. Standard library and orjson only (†: no torch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+import orjson
+
+from .wire import (MAX_ID_CHARS, MAX_STOP, MAX_TOKENS_LIMIT, MAX_TOP_LOGPROBS, OPS, PRIORITIES, ROLES, ProtocolError,
+                   _bad, _bool, _choice, _int, _json_type, _list, _num, _obj, _opt, _str, _token_ids)
+
+
+# ---------------------------------------------------------------- ops
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling fields shared by chat and completion. temperature 0 = greedy; top_k 0 = off; seed None = random;
+    max_tokens None = the server's default_max_tokens; stop: up to 16 non-empty strings."""
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class ChatOp:
+    """``chat``: messages are the validated OpenAI message dicts, passed through unmodified (tool_calls arguments
+    may still be JSON strings; content may be a list of parts)."""
+    op: ClassVar[str] = "chat"
+    id: str
+    messages: list[dict]
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    stream: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    chat_template_kwargs: dict = field(default_factory=dict)
+    priority: str = "interactive"
+    cache_prompt: bool = True
+    api_key: str | None = None
+
+
+@dataclass(frozen=True)
+class CompletionOp:
+    """``completion``: prompt is text or a non-empty list of token ids; prompt_logprobs K (0..20) or None."""
+    op: ClassVar[str] = "completion"
+    id: str
+    prompt: str | list[int]
+    sampling: Sampling = field(default_factory=Sampling)
+    stream: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    prompt_logprobs: int | None = None
+    priority: str = "interactive"
+    cache_prompt: bool = True
+    api_key: str | None = None
+
+
+@dataclass(frozen=True)
+class CancelOp:
+    """``cancel``: target is the id of an in-flight request of the same connection."""
+    op: ClassVar[str] = "cancel"
+    id: str
+    target: str
+    api_key: str | None = None
+
+
+@dataclass(frozen=True)
+class TokenizeOp:
+    """``tokenize``: exactly one of text (tokenize as is) or chat (a chat body to render with the template)."""
+    op: ClassVar[str] = "tokenize"
+    id: str
+    text: str | None = None
+    chat: ChatOp | None = None
+    add_generation_prompt: bool = True
+    api_key: str | None = None
+
+
+@dataclass(frozen=True)
+class DetokenizeOp:
+    """``detokenize``: tokens → text."""
+    op: ClassVar[str] = "detokenize"
+    id: str
+    tokens: list[int]
+    api_key: str | None = None
+
+
+@dataclass(frozen=True)
+class SimpleOp:
+    """``health`` / ``status`` / ``metrics`` / ``reset``: no fields besides the envelope."""
+    id: str
+    op: str
+    api_key: str | None = None
+
+
+Op = Union[ChatOp, CompletionOp, CancelOp, TokenizeOp, DetokenizeOp, SimpleOp]
+
+
+def parse_envelope(obj: dict) -> tuple[str, str]:
+    """Check ``id`` (string of 1..128 chars) and ``op`` (a known op) and return them.
+
+    Raises ProtocolError bad_request field "id" (id None) or, with the id, bad_request/unknown_op field "op".
+    """
+    rid = obj.get("id")
+    if not isinstance(rid, str) or not 1 <= len(rid) <= MAX_ID_CHARS:
+        what = "missing" if rid is None else f"got {_json_type(rid)}" if not isinstance(rid, str) \
+            else f"got {len(rid)} characters"
+        raise ProtocolError("bad_request", f"id: must be a string of 1 to {MAX_ID_CHARS} characters; {what}", "id")
+    op = obj.get("op")
+    if not isinstance(op, str):
+        raise ProtocolError("bad_request", f"op: must be a string naming the operation, one of {', '.join(OPS)}",
+                            "op", rid)
+    if op not in OPS:
+        raise ProtocolError("unknown_op", f"op: unknown operation {op[:64]!r}; known: {', '.join(OPS)}", "op", rid)
+    return rid, op
+
+
+def parse_request(obj: dict) -> Op:
+    """Validate a decoded request and return its op dataclass. Unknown fields are ignored.
+
+    Raises ProtocolError (bad_request / unknown_op) naming the field path; its id is the request's id when the
+    envelope was valid.
+    """
+    rid, op = parse_envelope(obj)
+    try:
+        key = obj.get("api_key")
+        api_key = None if key is None else _str(key, "api_key")
+        if op == "chat":
+            return _parse_chat(rid, obj, api_key)
+        if op == "completion":
+            return _parse_completion(rid, obj, api_key)
+        if op == "cancel":
+            t = obj.get("target")
+            if not isinstance(t, str) or not 1 <= len(t) <= MAX_ID_CHARS:
+                raise _bad("target", f"must be the id (string of 1 to {MAX_ID_CHARS} characters) of an in-flight "
+                                     f"request, got {t!r}")
+            return CancelOp(rid, t, api_key)
+        if op == "tokenize":
+            return _parse_tokenize(rid, obj, api_key)
+        if op == "detokenize":
+            if "tokens" not in obj:
+                raise _bad("tokens", "required (a list of token ids)")
+            return DetokenizeOp(rid, _token_ids(obj["tokens"], "tokens", non_empty=False), api_key)
+        return SimpleOp(rid, op, api_key)
+    except ProtocolError as e:
+        e.id = rid
+        raise
+
+
+def parse_sampling(obj: dict) -> Sampling:
+    """The sampling fields of a chat or completion body (``max_completion_tokens`` is OpenAI's newer name)."""
+    mt = _opt(obj, "max_tokens", None, _int, 1, MAX_TOKENS_LIMIT)
+    mct = _opt(obj, "max_completion_tokens", None, _int, 1, MAX_TOKENS_LIMIT)
+    if mt is not None and mct is not None and mt != mct:
+        raise _bad("max_completion_tokens", f"conflicts with max_tokens ({mct} != {mt}); send one of them")
+    if "n" in obj and obj["n"] is not None and obj["n"] != 1:
+        raise _bad("n", f"only n=1 is supported, got {obj['n']!r}")
+    stop = obj.get("stop")
+    if stop is None:
+        stops: list[str] = []
+    elif isinstance(stop, str):
+        if not stop:
+            raise _bad("stop", "must not be an empty string")
+        stops = [stop]
+    else:
+        _list(stop, "stop")
+        if len(stop) > MAX_STOP:
+            raise _bad("stop", f"at most {MAX_STOP} stop strings, got {len(stop)}")
+        for i, s in enumerate(stop):
+            if not isinstance(s, str) or not s:
+                raise _bad(f"stop[{i}]", f"must be a non-empty string, got {s!r}")
+        stops = list(stop)
+    return Sampling(
+        max_tokens=mt if mt is not None else mct,
+        temperature=_opt(obj, "temperature", 1.0, _num, 0.0, 2.0),
+        top_p=_opt(obj, "top_p", 1.0, _num, 0.0, 1.0, True),
+        top_k=_opt(obj, "top_k", 0, _int, 0, MAX_TOKENS_LIMIT),
+        min_p=_opt(obj, "min_p", 0.0, _num, 0.0, 1.0),
+        seed=_opt(obj, "seed", None, _int, -(2**63), 2**64 - 1),
+        stop=stops,
+    )
+
+
+def _logprob_fields(obj: dict, legacy_int: bool) -> tuple[bool, int]:
+    lp = obj.get("logprobs")
+    top = _opt(obj, "top_logprobs", None, _int, 0, MAX_TOP_LOGPROBS)
+    if legacy_int and isinstance(lp, int) and not isinstance(lp, bool):  # legacy completions: logprobs = top count
+        n = _int(lp, "logprobs", 0, MAX_TOP_LOGPROBS)
+        return True, n if top is None else top
+    logprobs = False if lp is None else _bool(lp, "logprobs")
+    if top and not logprobs:
+        raise _bad("top_logprobs", "requires logprobs: true")
+    return logprobs, top or 0
+
+
+def _common(obj: dict) -> dict:
+    return dict(stream=_opt(obj, "stream", False, _bool),
+                priority=_opt(obj, "priority", "interactive", _choice, PRIORITIES),
+                cache_prompt=_opt(obj, "cache_prompt", True, _bool))
+
+
+def parse_messages(v: Any) -> list[dict]:
+    """Validate an OpenAI ``messages`` array (field paths ``messages[i].role`` etc.) and return it unchanged."""
+    if v is None:
+        raise _bad("messages", "required (a non-empty array of messages)")
+    _list(v, "messages")
+    if not v:
+        raise _bad("messages", "must not be empty")
+    for i, m in enumerate(v):
+        p = f"messages[{i}]"
+        _obj(m, p)
+        role = m.get("role")
+        if role is None:
+            raise _bad(f"{p}.role", f"required; one of {', '.join(ROLES)}")
+        _choice(role, f"{p}.role", ROLES)
+        tool_calls = m.get("tool_calls")
+        if tool_calls is not None:
+            if role != "assistant":
+                raise _bad(f"{p}.tool_calls", "only assistant messages carry tool_calls")
+            _check_tool_calls(tool_calls, f"{p}.tool_calls")
+        content = m.get("content")
+        if content is None:
+            if not (role == "assistant" and tool_calls):
+                raise _bad(f"{p}.content", "required (a string or a list of content parts); may be null only for "
+                                           "an assistant message with tool_calls")
+        elif isinstance(content, list):
+            for j, part in enumerate(content):
+                q = f"{p}.content[{j}]"
+                _obj(part, q)
+                _str(part.get("type"), f"{q}.type")
+                if part["type"] == "text":
+                    _str(part.get("text"), f"{q}.text")
+        elif not isinstance(content, str):
+            raise _bad(f"{p}.content", f"must be a string, a list of content parts or null, got {_json_type(content)}")
+        for k in ("name", "tool_call_id", "reasoning_content"):
+            if m.get(k) is not None:
+                _str(m[k], f"{p}.{k}")
+    return v
+
+
+def _check_tool_calls(v: Any, p: str) -> None:
+    _list(v, p)
+    for j, tc in enumerate(v):
+        q = f"{p}[{j}]"
+        _obj(tc, q)
+        fn = _obj(tc.get("function"), f"{q}.function")
+        _str(fn.get("name"), f"{q}.function.name")
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = orjson.loads(args) if args.strip() else {}
+            except orjson.JSONDecodeError as e:
+                raise _bad(f"{q}.function.arguments", f"is a string but not valid JSON: {e}") from None
+        if args is not None and not isinstance(args, dict):
+            raise _bad(f"{q}.function.arguments", "must be a JSON object or a string holding one")
+
+
+def _parse_tools(obj: dict) -> list[dict] | None:
+    tools = obj.get("tools")
+    if tools is None:
+        return None
+    _list(tools, "tools")
+    for i, t in enumerate(tools):
+        p = f"tools[{i}]"
+        _obj(t, p)
+        if t.get("type", "function") != "function":
+            raise _bad(f"{p}.type", f"must be \"function\", got {t.get('type')!r}")
+        fn = _obj(t.get("function"), f"{p}.function")
+        _str(fn.get("name"), f"{p}.function.name")
+        if fn.get("parameters") is not None:
+            _obj(fn["parameters"], f"{p}.function.parameters")
+    return tools
+
+
+def _parse_chat(rid: str, obj: dict, api_key: str | None) -> ChatOp:
+    messages = parse_messages(obj.get("messages"))
+    tools = _parse_tools(obj)
+    tc = obj.get("tool_choice")
+    if tc is not None and not (isinstance(tc, str) and tc in ("none", "auto", "required")):
+        fn = _obj(tc, "tool_choice").get("function")
+        _str(_obj(fn, "tool_choice.function").get("name"), "tool_choice.function.name")
+    logprobs, top = _logprob_fields(obj, legacy_int=False)
+    return ChatOp(id=rid, messages=messages, tools=tools, tool_choice=tc, sampling=parse_sampling(obj),
+                  logprobs=logprobs, top_logprobs=top,
+                  chat_template_kwargs=_opt(obj, "chat_template_kwargs", {}, _obj), api_key=api_key, **_common(obj))
+
+
+def _parse_completion(rid: str, obj: dict, api_key: str | None) -> CompletionOp:
+    prompt = obj.get("prompt")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise _bad("prompt", "must not be empty")
+    elif isinstance(prompt, list):
+        _token_ids(prompt, "prompt", non_empty=True)
+    else:
+        raise _bad("prompt", "required: a non-empty string or a non-empty list of token ids"
+                   + ("" if prompt is None else f", got {_json_type(prompt)}"))
+    logprobs, top = _logprob_fields(obj, legacy_int=True)
+    return CompletionOp(id=rid, prompt=prompt, sampling=parse_sampling(obj), logprobs=logprobs, top_logprobs=top,
+                        prompt_logprobs=_opt(obj, "prompt_logprobs", None, _int, 0, MAX_TOP_LOGPROBS),
+                        api_key=api_key, **_common(obj))
+
+
+def _parse_tokenize(rid: str, obj: dict, api_key: str | None) -> TokenizeOp:
+    text, messages = obj.get("text"), obj.get("messages")
+    if text is not None and messages is not None:
+        raise _bad("text", "give either text or messages (a chat body), not both")
+    agp = _opt(obj, "add_generation_prompt", True, _bool)
+    if text is not None:
+        return TokenizeOp(rid, text=_str(text, "text"), add_generation_prompt=agp, api_key=api_key)
+    if messages is None:
+        raise _bad("text", "required: text, or messages (a chat body)")
+    return TokenizeOp(rid, chat=_parse_chat(rid, obj, api_key), add_generation_prompt=agp, api_key=api_key)
+
