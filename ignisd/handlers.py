@@ -12,6 +12,7 @@ from ignis_client import protocol as P
 from ignisd.log import get_logger
 from ignisd.request import DoneEvent, ErrorEvent, FinishReason, Priority, Request, SamplingParams, TokenEvent
 from ignisd.text.chat_template import prepare_messages
+from ignisd.text.output_parser import make_output_parser, prompt_starts_in_reasoning
 from ignisd.text.stream import StreamDecoder
 
 log = get_logger("srv")
@@ -24,10 +25,13 @@ class Handlers:
     model_info: the `status.model` object. context_tokens: prompt + generation cap (tokens).
     default_max_tokens: used when a request gives none (capped at what the context leaves).
     developer_policy: server.developer_message_policy. metrics: ignisd.metrics.Metrics or None.
+    output_family: how chat output is split into content / reasoning / tool calls ("qwen3_5", "qwen3", "none").
     """
 
     def __init__(self, engine, tokenizer, template, *, model_info: dict, context_tokens: int,
-                 default_max_tokens: int, developer_policy: str, metrics=None, slots_info: dict | None = None):
+                 default_max_tokens: int, developer_policy: str, metrics=None, slots_info: dict | None = None,
+                 output_family: str = "none"):
+        self.output_family = output_family
         self.engine = engine
         self.tok = tokenizer
         self.template = template
@@ -42,8 +46,10 @@ class Handlers:
         """Answer `op` on `conn`. Raises ProtocolError for request errors (the caller replies with it)."""
         kind = type(op).__name__
         if kind == "ChatOp":
-            ids = self.render_chat(op)
-            await self.generate(conn, op, ids)
+            text = self.render_text(op)
+            parser = make_output_parser(self.output_family, op.tools,
+                                        starts_in_reasoning=prompt_starts_in_reasoning(text))
+            await self.generate(conn, op, self.tok.encode(text), parser)
         elif kind == "CompletionOp":
             ids = self.completion_ids(op)
             await self.generate(conn, op, ids)
@@ -90,10 +96,6 @@ class Handlers:
         except Exception as e:  # jinja2 raise_exception() and template errors are the request's fault
             raise P.ProtocolError("bad_request", f"chat template: {e}", "messages") from None
 
-    def render_chat(self, op) -> list[int]:
-        """Token ids of the rendered chat prompt."""
-        return self.tok.encode(self.render_text(op))
-
     def _check_ids(self, ids, field: str) -> None:
         v = self.tok.vocab_size
         for i, t in enumerate(ids):
@@ -139,9 +141,12 @@ class Handlers:
                 "top_logprobs": [{"token": self.tok.decode([t]), "token_id": t, "logprob": lp}
                                  for t, lp in (ev.top or [])]}
 
-    async def generate(self, conn, op, ids: list[int]) -> None:
-        """Run one chat/completion request through the engine and stream its replies on `conn`."""
-        is_chat = type(op).__name__ == "ChatOp"
+    async def generate(self, conn, op, ids: list[int], parser=None) -> None:
+        """Run one chat/completion request through the engine and stream its replies on `conn`.
+
+        parser: for chat, the OutputParser that splits text into content / reasoning_content / tool_calls deltas;
+        None for completion (text deltas only).
+        """
         prompt_logprobs = getattr(op, "prompt_logprobs", None)
         req = Request(rid=conn.rid(op.id), prompt_ids=ids, sampling=self._sampling(op, len(ids)),
                       priority=Priority(op.priority), prompt_logprobs=prompt_logprobs,
@@ -170,14 +175,17 @@ class Handlers:
                     stop_hit = True
                     self.engine.cancel(req.rid, FinishReason.STOP)
                 if op.stream and (piece or pending_lp) and not conn.closed:
-                    await conn.send(P.delta(op.id, piece, logprobs=pending_lp or None))
+                    await self._send_delta(conn, op.id, piece, parser, pending_lp)
                     pending_lp = []
                 continue
             assert isinstance(ev, DoneEvent)
             break
         tail = "" if stop_hit else decoder.flush()
-        if op.stream and tail and not conn.closed:
-            await conn.send(P.delta(op.id, tail))
+        if op.stream and not conn.closed:
+            await self._send_delta(conn, op.id, tail, parser, [], final=True)
+        if parser is not None and not op.stream:
+            parser.feed(decoder.text)
+        parsed = parser.finish() if parser is not None else None
         finish = FinishReason.STOP if stop_hit else ev.finish_reason
         generated = consumed if stop_hit else ev.generated_tokens
         text = decoder.text
@@ -188,8 +196,11 @@ class Handlers:
                    "prefill_tokens_per_s": round(ev.prefill_tokens_per_s, 2),
                    "decode_tokens_per_s": round(ev.decode_tokens_per_s, 2)}
         reuse = P.empty_reuse(reason="reuse_off" if not op.cache_prompt else "miss")
-        message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None} \
-            if is_chat else None
+        message = None
+        if parsed is not None:
+            message = parsed.message()
+            if parsed.has_tool_calls and finish is FinishReason.STOP:
+                finish = FinishReason.TOOL_CALLS
         if self.metrics is not None:
             self.metrics.requests_total.labels(finish_reason=finish.value).inc()
         log.info("done", id=op.id, prompt=ev.prompt_tokens, cached=ev.cached_tokens, prefilled=ev.prefilled_tokens,
@@ -199,8 +210,33 @@ class Handlers:
                                logprobs=logprobs if op.logprobs else None,
                                prompt_logprobs=ev.prompt_logprobs))
 
+    async def _send_delta(self, conn, rid: str, piece: str, parser, logprobs: list, final: bool = False) -> None:
+        """Send one streamed delta: plain text for completion; for chat, the parser's content / reasoning_content /
+        tool_calls pieces (nothing while it holds text back that may be part of a tag). final: flush the parser."""
+        if parser is None:
+            if piece or logprobs:
+                await conn.send(P.delta(rid, piece, logprobs=logprobs or None))
+            return
+        d = parser.feed(piece) if piece else {}
+        if final:
+            d = _merge(d, parser.finish().delta)
+        if d or logprobs:
+            await conn.send(P.delta(rid, d.get("content") or "", logprobs=logprobs or None,
+                                    reasoning_content=d.get("reasoning_content"), tool_calls=d.get("tool_calls")))
+
     def status(self) -> dict:
         """The full `status` object of DESIGN §5 (zeros where a feature does not exist yet)."""
         st = self.engine.status()
         return {"model": self.model_info, "lanes": st["lanes"], "queue": st["queue"], "kv_pool": st["kv_pool"],
                 "slots": dict(self.slots_info), "tiers": [], "retained": [], "requests": st["requests"]}
+
+
+def _merge(a: dict, b: dict) -> dict:
+    """Concatenate two parser deltas (strings joined, tool-call pieces appended)."""
+    out = dict(a)
+    for k, v in (b or {}).items():
+        if k == "tool_calls":
+            out[k] = list(out.get(k) or []) + list(v)
+        elif v:
+            out[k] = (out.get(k) or "") + v
+    return out

@@ -30,12 +30,14 @@ def _passes(items: list[PlanItem]) -> list[list[int]]:
 class Runner:
     """Executes round plans on one model and one KV pool.
 
-    model: ignisd.model.hybrid.Model. kv: the DevicePages the pool's page ids index.
+    model: ignisd.model.hybrid.Model. kv: the DevicePages the pool's page ids index. states: the DeviceStates the
+    live state slots index (hybrid models), or None on an all-attention model.
     """
 
-    def __init__(self, model, kv: DevicePages):
+    def __init__(self, model, kv: DevicePages, states=None):
         self.model = model
         self.kv = kv
+        self.states = states
         self.page_tokens = kv.page_tokens
         self._gens: dict[str, torch.Generator] = {}
 
@@ -49,9 +51,17 @@ class Runner:
         results: list[ItemResult | None] = [None] * len(plan.items)
         for idx in _passes(plan.items):
             items = [plan.items[i] for i in idx]
-            chunks = [SeqChunk(token_ids=it.token_ids, start=it.start, page_ids=it.seq.pages, logits=it.logits)
-                      for it in items]
-            logits = self.model.forward(ForwardBatch.build(chunks, self.page_tokens), self.kv)
+            if self.states is None:
+                chunks = [SeqChunk(token_ids=it.token_ids, start=it.start, page_ids=it.seq.pages, logits=it.logits)
+                          for it in items]
+                logits = self.model.forward(ForwardBatch.build(chunks, self.page_tokens), self.kv)
+            else:
+                for it in items:
+                    if it.start == 0:      # a sequence's first chunk starts from zero recurrent and conv state
+                        self.states.zero(it.seq.slot)
+                chunks = [SeqChunk(token_ids=it.token_ids, start=it.start, page_ids=it.seq.pages, logits=it.logits,
+                                   state_slot=it.seq.slot) for it in items]
+                logits = self.model.forward(ForwardBatch.build(chunks, self.page_tokens), self.kv, self.states)
             row = 0
             for i, it in zip(idx, items):
                 n = {"last": 1, "all": len(it.token_ids), "none": 0}[it.logits]

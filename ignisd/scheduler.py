@@ -42,6 +42,7 @@ class Sequence:
     req: Request
     state: SeqState = SeqState.WAITING
     pages: list[int] = field(default_factory=list)
+    slot: int | None = None            # live state slot (hybrid models)
     computed: int = 0                  # tokens whose K/V are in the pool
     output: list[int] = field(default_factory=list)
     prompt_logprobs: list | None = None
@@ -176,11 +177,11 @@ class Scheduler:
         for s in order:
             if len(self.running) >= self.lanes:
                 break
-            pages = self.cache.reserve(s.rid, s.bound_tokens)
-            if pages is None:
+            got = self.cache.reserve(s.rid, s.bound_tokens)
+            if got is None:
                 break  # strict rank order: a later request never overtakes one that is waiting for pages
             self.waiting.remove(s)
-            s.pages = pages
+            s.pages, s.slot = got
             s.state = SeqState.PREFILL
             s.admitted_at = time.monotonic()
             if s.req.prompt_logprobs is not None:
@@ -247,7 +248,7 @@ class Scheduler:
         if s in self.running:
             self.running.remove(s)
         self.cache.release(s.rid)
-        s.pages = []
+        s.pages, s.slot = [], None
         s.state = SeqState.FINISHED
         arrival = s.req.arrival
         admitted = s.admitted_at or now

@@ -8,19 +8,24 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ignisd.cache.page_pool import PagePool
+from ignisd.cache.state_slots import StateSlots
 
 
 class CacheManager:
-    """Page reservation for live sequences over one `PagePool`.
+    """Page and state-slot reservation for live sequences over one `PagePool` and one `StateSlots`.
 
     pool: the KV pool's accounting (pages of `pool.page_tokens` tokens). page_bytes: bytes of one page across every
-    attention layer, K and V, in the pool's KV format (for status and metrics).
+    attention layer, K and V, in the pool's KV format (for status and metrics). slots: live state slots of a hybrid
+    model (None on an all-attention model: sequences then hold no slot). state_bytes: bytes of one slot.
     """
 
-    def __init__(self, pool: PagePool, page_bytes: int):
+    def __init__(self, pool: PagePool, page_bytes: int, slots: StateSlots | None = None, state_bytes: int = 0):
         self.pool = pool
         self.page_bytes = page_bytes
+        self.slots = slots
+        self.state_bytes = state_bytes
         self._live: dict[str, list[int]] = {}
+        self._slot: dict[str, int] = {}
 
     @property
     def page_tokens(self) -> int:
@@ -35,26 +40,34 @@ class CacheManager:
         """Whether pages for `tokens` tokens are free right now."""
         return self.pool.pages_for(tokens) <= self.pool.free
 
-    def reserve(self, holder: str, tokens: int) -> list[int] | None:
-        """Reserve the whole bound for a live sequence: pages for `tokens` tokens (prompt + max_tokens).
+    def reserve(self, holder: str, tokens: int) -> tuple[list[int], int | None] | None:
+        """Reserve the whole bound for a live sequence: pages for `tokens` tokens (prompt + max_tokens) and, on a
+        hybrid model, one live state slot.
 
-        Returns the page ids (in position order) or None when too few pages are free (nothing is taken then).
-        Raises ValueError if `holder` already holds pages.
+        Returns (page ids in position order, slot id or None) or None when too few pages or no slot are free
+        (nothing is taken then). Raises ValueError if `holder` already holds pages.
         """
         if holder in self._live:
             raise ValueError(f"{holder} already holds pages")
         n = self.pool.pages_for(tokens)
-        if n > self.pool.free:
+        if n > self.pool.free or (self.slots is not None and self.slots.free == 0):
             return None
         pages = self.pool.alloc(n)
         self._live[holder] = pages
-        return pages
+        slot = None
+        if self.slots is not None:
+            slot = self.slots.alloc(holder)
+            self._slot[holder] = slot
+        return pages, slot
 
     def release(self, holder: str) -> None:
-        """Return every page `holder` holds (no-op if it holds none)."""
+        """Return every page and the state slot `holder` holds (no-op for what it does not hold)."""
         pages = self._live.pop(holder, None)
         if pages:
             self.pool.release(pages)
+        slot = self._slot.pop(holder, None)
+        if slot is not None:
+            self.slots.release(slot)
 
     def live_pages(self) -> int:
         """Pages held by live sequences."""
@@ -64,6 +77,13 @@ class CacheManager:
         """Page lists of every holder (live sequences now; retained states later)."""
         return list(self._live.values())
 
+    def live_state_bytes(self) -> int:
+        """Bytes of the live state slots in use (0 on an all-attention model)."""
+        return len(self._slot) * self.state_bytes
+
     def check_integrity(self) -> None:
-        """Prove free + held = total and refcounts = holders (raises page_pool.IntegrityError)."""
+        """Prove free + held = total and refcounts = holders for pages, and the same for state slots
+        (raises page_pool.IntegrityError)."""
         self.pool.check_integrity(self.holders())
+        if self.slots is not None:
+            self.slots.check_integrity(self._slot.values())

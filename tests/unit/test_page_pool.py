@@ -123,3 +123,25 @@ def test_interactive_admitted_before_agent():
     s.cancel("first", FinishReason.CANCELLED)    # the lane frees: the later interactive request goes first
     s.schedule()
     assert [q.rid for q in s.running] == ["inter"]
+
+
+def test_state_slots_follow_sequences():
+    from ignisd.cache.state_slots import StateSlots
+    cache = CacheManager(PagePool(16), 4096, slots=StateSlots(2), state_bytes=1000)
+    s = Scheduler(cache, lanes=4, context_tokens=2048, prefill_chunk=64, round_prefill_tokens=128, max_queue=8)
+    for rid in ("a", "b", "c"):
+        s.submit(_req(rid, 10))
+    # two slots: the third request waits although a lane and pages are free
+    assert sorted(q.slot for q in s.running) == [0, 1] and [q.rid for q in s.waiting] == ["c"]
+    assert cache.live_state_bytes() == 2000
+    cache.check_integrity()
+    s.cancel("a", FinishReason.CANCELLED)
+    s.schedule()
+    assert sorted(q.rid for q in s.running) == ["b", "c"]
+    cache.check_integrity()
+    for rid in ("b", "c"):
+        s.cancel(rid, FinishReason.CANCELLED)
+    assert cache.slots.free == 2 and cache.live_state_bytes() == 0
+    cache.check_integrity()
+    with pytest.raises(IntegrityError):
+        cache.slots.release(0)
