@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import ignis_kernels.attention as kattn
 from ignisd.cache.device_pages import DevicePages
 from ignisd.model.batch import ForwardBatch
-from ignisd.model.layers import apply_rope
+from ignisd.model.layers import apply_rope, linear_t
 
 
 @dataclass
@@ -66,13 +66,14 @@ class Attention:
     """One llama self-attention layer.
 
     w_qkv: [(Hq + 2 Hkv) * d, H] (q rows, k rows, v rows in HF rotate-half order); w_o: [H, Hq * d];
-    optional biases b_qkv, b_o. num_heads, num_kv_heads, head_dim: counts. kv_layer: this layer's row in
-    DevicePages.k / .v. Scale 1/sqrt(head_dim).
+    optional biases b_qkv, b_o (weights stored transposed, see linear_t). num_heads, num_kv_heads, head_dim:
+    counts. kv_layer: this layer's row in DevicePages.k / .v. Scale 1/sqrt(head_dim).
     """
 
     def __init__(self, w_qkv: torch.Tensor, w_o: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
                  kv_layer: int, b_qkv: torch.Tensor | None = None, b_o: torch.Tensor | None = None) -> None:
-        self.w_qkv, self.w_o, self.b_qkv, self.b_o = w_qkv, w_o, b_qkv, b_o
+        self.w_qkv_t, self.w_o_t = w_qkv.t().contiguous(), w_o.t().contiguous()
+        self.b_qkv, self.b_o = b_qkv, b_o
         self.hq, self.hkv, self.d = num_heads, num_kv_heads, head_dim
         self.kv_layer = kv_layer
         self.q_dim, self.kv_dim = num_heads * head_dim, num_kv_heads * head_dim
@@ -84,7 +85,7 @@ class Attention:
         at batch.slot_mapping and returns the attention output [T', H]."""
         t_all = x.shape[0]
         t = batch.num_tokens
-        qkv = F.linear(x, self.w_qkv, self.b_qkv)[:t]
+        qkv = linear_t(x, self.w_qkv_t, self.b_qkv)[:t]
         qk = qkv[:, :self.q_dim + self.kv_dim].view(t, self.hq + self.hkv, self.d)
         qk = apply_rope(qk, cos[:t], sin[:t])
         q, k = qk[:, :self.hq], qk[:, self.hq:]
@@ -97,7 +98,7 @@ class Attention:
                 out = kattn.paged_attention(q, k_pages, v_pages, pages, start)
             else:
                 out = kattn.paged_decode_attention(q, k_pages, v_pages, plan.decode_pages, plan.decode_lens)
-            return F.linear(out.reshape(t_all, self.q_dim), self.w_o, self.b_o)
+            return linear_t(out.reshape(t_all, self.q_dim), self.w_o_t, self.b_o)
         alloc = torch.empty if t_all == t else torch.zeros
         out = alloc(t_all, self.hq, self.d, dtype=x.dtype, device=x.device)
         for row, n, start, pages in plan.prefill:
@@ -106,4 +107,4 @@ class Attention:
             qd = q.index_select(0, plan.decode_rows)
             od = kattn.paged_decode_attention(qd, k_pages, v_pages, plan.decode_pages, plan.decode_lens)
             out.index_copy_(0, plan.decode_rows, od)
-        return F.linear(out.reshape(t_all, self.q_dim), self.w_o, self.b_o)
+        return linear_t(out.reshape(t_all, self.q_dim), self.w_o_t, self.b_o)

@@ -14,6 +14,16 @@ import torch.nn.functional as F
 from ignisd.model.spec import ModelSpec
 
 
+def linear_t(x: torch.Tensor, w_t: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w_t (+ b): a linear layer whose weight is stored transposed, w_t [in, out] contiguous.
+
+    x: [T, in]. Returns [T, out]. With the [in, out] layout MKL runs a plain NN sgemm; on this project's CPU
+    (AMD EPYC, AVX2) it measured faster than F.linear's NT form for one-token decode (up to 1.6x on the 3072x576
+    gate/up projection) and ~5% for 256-token prefill chunks, about equal at 4-8 rows.
+    """
+    return torch.mm(x, w_t) if b is None else torch.addmm(b, x, w_t)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm (Zhang & Sennrich 2019): weight * x / sqrt(mean(x^2) + eps) over the last dim.
 
@@ -96,17 +106,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class MLP:
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x)) (Shazeer 2020), gate and up fused in one matmul.
 
-    w_gate_up: [2I, H] (gate rows then up rows); w_down: [H, I]; optional biases b_gate_up [2I], b_down [H].
+    w_gate_up: [2I, H] (gate rows then up rows, HF layout); w_down: [H, I]; optional biases b_gate_up [2I],
+    b_down [H]. Stored transposed (see linear_t).
     """
 
     def __init__(self, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                  b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None) -> None:
-        self.w_gate_up, self.w_down = w_gate_up, w_down
+        self.w_gate_up_t, self.w_down_t = w_gate_up.t().contiguous(), w_down.t().contiguous()
         self.b_gate_up, self.b_down = b_gate_up, b_down
         self.inter = w_down.shape[1]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
-        gu = F.linear(x, self.w_gate_up, self.b_gate_up)
+        gu = linear_t(x, self.w_gate_up_t, self.b_gate_up)
         gate, up = gu[:, :self.inter], gu[:, self.inter:]
-        return F.linear(F.silu(gate) * up, self.w_down, self.b_down)
+        return linear_t(F.silu(gate) * up, self.w_down_t, self.b_down)

@@ -101,9 +101,8 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     length = page_table.shape[1] * k_pages.shape[1]
     k = gather_pages(k_pages, page_table).to(q.dtype).transpose(1, 2)     # [B, Hkv, L, d]
     v = gather_pages(v_pages, page_table).to(q.dtype).transpose(1, 2)
-    mask = None
-    if bool((context_lens != length).any()):
-        mask = (torch.arange(length, device=q.device)[None, :] < context_lens[:, None])[:, None, None, :]
+    # always masked (no data-dependent branch): padding keys past context_lens[b] get no weight
+    mask = (torch.arange(length, device=q.device)[None, :] < context_lens[:, None])[:, None, None, :]
     # grouped query layout: the g = Hq/Hkv query heads sharing kv head h become g query rows of head h
     qg = q.view(b, hkv, hq // hkv, d)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)   # [B, Hkv, g, d]

@@ -55,16 +55,16 @@ def test_qk_rows_unpermuted_like_transformers(smollm_ours, hf_smollm, smollm_rea
     """Our fused Q/K rows equal transformers' q_proj/k_proj exactly, and differ from the GGUF's raw row order
     (so the un-permutation is real, and the logits oracle above is what proves its direction)."""
     spec = smollm_ours.spec
-    a = smollm_ours.model.layers[0].attn
+    w_qkv = smollm_ours.model.layers[0].attn.w_qkv_t.t()
     qd, kd = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     hf_attn = hf_smollm.model.layers[0].self_attn
-    assert torch.equal(a.w_qkv[:qd], hf_attn.q_proj.weight.detach())
-    assert torch.equal(a.w_qkv[qd:qd + kd], hf_attn.k_proj.weight.detach())
-    assert torch.equal(a.w_qkv[qd + kd:], hf_attn.v_proj.weight.detach())
+    assert torch.equal(w_qkv[:qd], hf_attn.q_proj.weight.detach())
+    assert torch.equal(w_qkv[qd:qd + kd], hf_attn.k_proj.weight.detach())
+    assert torch.equal(w_qkv[qd + kd:], hf_attn.v_proj.weight.detach())
     t = next(t for t in smollm_reader.tensors if t.name == "blk.0.attn_q.weight")
     raw = torch.from_numpy(np.asarray(gguf.quants.dequantize(t.data, t.tensor_type)).copy())
-    assert not torch.equal(raw, a.w_qkv[:qd])
-    assert torch.equal(raw.sort(0).values, a.w_qkv[:qd].sort(0).values)  # same rows, other order
+    assert not torch.equal(raw, w_qkv[:qd])
+    assert torch.equal(raw.sort(0).values, w_qkv[:qd].sort(0).values)  # same rows, other order
 
 
 def test_tied_embeddings_and_weight_bytes(smollm_ours):

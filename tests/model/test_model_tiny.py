@@ -154,3 +154,26 @@ def test_batch_invariant_mode_is_bitwise(smollm_ours, prompt_ids):
         smollm_ours.model.batch_invariant = False
     for k in seqs:
         assert torch.equal(batched[k], alone[k]), (k, (batched[k] - alone[k]).abs().max().item())
+
+
+def test_rotary_tables_grow_and_match_transformers(tiny_ours, tiny_hf):
+    """cos/sin tables: a small table grown on demand equals transformers' rotary embedding at those positions."""
+    from ignisd.model.layers import Rotary
+    rot = Rotary(tiny_ours.spec, initial=16)
+    pos = torch.tensor([0, 5, 15, 16, 100, 1999])
+    cos, sin = rot.tables(pos, 1999)
+    ref_cos, ref_sin = tiny_hf.model.rotary_emb(torch.zeros(1, 1, 16), pos[None])
+    assert torch.equal(cos[:, 0], ref_cos[0]) and torch.equal(sin[:, 0], ref_sin[0])
+
+
+def test_no_logits_and_mixed_modes(tiny_ours, prompt_ids):
+    ids = prompt_ids["code"][:40]
+    kv = DevicePages(tiny_ours.spec, 4, "fp32", page_tokens=16)
+    out = tiny_ours.model.forward(ForwardBatch.build([SeqChunk(ids[:30], 0, [0, 1], "none")], 16), kv)
+    assert out.shape == (0, tiny_ours.spec.vocab_size)
+    b = ForwardBatch.build([SeqChunk(ids[30:35], 30, [0, 1, 2], "last"), SeqChunk(ids[:3], 0, [3], "all")], 16)
+    out = tiny_ours.model.forward(b, kv)
+    assert out.shape == (4, tiny_ours.spec.vocab_size) and out.dtype == torch.float32
+    kv2 = DevicePages(tiny_ours.spec, 4, "fp32", page_tokens=16)
+    ref = run_chunked(tiny_ours.model, kv2, ids[:35], None, 0, [0, 1, 2])
+    assert (out[0] - ref[34]).abs().max() < 1e-5
