@@ -1,0 +1,489 @@
+"""Retained states: retained prefixes and prompt checkpoints, their ranking and their lifetime (DESIGN §4.4).
+
+†: imports no torch. A retained state outlives its request: it holds the KV pages of its tokens (shared in place,
+reference counted, never written; its partial last page is a private copy) and, on a hybrid model, an image of the
+per-sequence state at its end in a retained slot. It carries its tokens, image digests, kind, priority class, last
+use, tier and a stamp.
+
+Ownership (the choice this module makes): the store **takes the PagePool and the retained StateSlots and releases
+through them**. A capture is two-phase, because the scheduler plans it before the round and the runner copies
+during it:
+
+1. ``reserve_capture(...)`` (in ``schedule()``): refuses a duplicate or, on a hybrid, finds a retained slot —
+   a free one (device first, then host), else the slot of the lowest-ranked unpinned state ranking *below the new
+   one* (that state is dropped); none: refused with ``no_slot`` and the request runs without leaving reuse behind.
+2. ``commit(ticket, pages)`` (in ``update()``, after the runner copied the image into ``ticket.slot`` and the
+   partial last page): ``pages`` are the state's page ids in position order, on each of which the caller took one
+   reference *for the store* (``pool.incref`` of the shared full pages, ``pool.alloc`` of the copy). From then on
+   the store owns those references and releases them when the state is dropped. ``abort(ticket)`` frees the slot
+   of a capture that will not happen.
+
+The store owns the content index (``PrefixIndex``) and keeps it in step: a state is indexed from commit until it is
+dropped or doomed. ``holders()`` gives the page lists for ``PagePool.check_integrity``; ``check_integrity()``
+proves the retained slots and the index.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ignisd.cache.page_pool import IntegrityError, PagePool
+from ignisd.cache.prefix_index import Candidate, ImageSpan, PrefixIndex, normalize_spans
+from ignisd.cache.state_slots import StateSlots
+
+KINDS = ("prefix", "checkpoint")
+TIERS = ("device", "ram", "disk")
+SLOT_TIERS = ("device", "host")
+PRIORITIES = ("interactive", "agent")
+DEFAULT_INTERACTIVE_TTL = 300.0
+
+# ReserveResult.refused / LookupResult.reason values
+REFUSED_NO_SLOT = "no_slot"
+REFUSED_DUPLICATE = "duplicate"
+REASON_MISS = "miss"
+REASON_STAMP = "stamp_mismatch"
+
+
+def _priority(p) -> str:
+    p = getattr(p, "value", p)          # ignisd.request.Priority is a str enum
+    if p not in PRIORITIES:
+        raise ValueError(f"priority {p!r} not one of {PRIORITIES}")
+    return p
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What a retained state was computed by: the model's structural hash, the KV format, the drafter ("none")."""
+
+    structural_hash: str
+    kv_format: str
+    drafter: str = "none"
+
+
+@dataclass
+class RetainedState:
+    """One retained prefix or prompt checkpoint.
+
+    id: the store's key ("ret-N"). kind: "prefix" | "checkpoint". tokens: the token ids it covers (its position is
+    len(tokens)). image_spans: [(start, end, sha256 hex)] of the images in them. pages: KV page ids in position order
+    (pages_for(len(tokens)) of them while tier == "device"; never written). slot: retained image slot id, or None on
+    an all-attention model. slot_tier: "device" | "host" | None (which retained-slot pool the slot is in).
+    priority: "interactive" | "agent". created, last_use: clock seconds. tier: "device" | "ram" | "disk" (where
+    its pages are). stamp: see Stamp. after_user: a checkpoint taken right after a real user message. pins:
+    lookups restoring from it (a pinned state is never dropped). doomed: dropped while pinned: out of the index,
+    freed at the last unpin.
+    """
+
+    id: str
+    kind: str
+    tokens: tuple[int, ...]
+    image_spans: tuple[ImageSpan, ...]
+    pages: list[int]
+    slot: int | None
+    slot_tier: str | None
+    priority: str
+    created: float
+    last_use: float
+    stamp: Stamp
+    tier: str = "device"
+    after_user: bool = False
+    pins: int = 0
+    doomed: bool = False
+
+    @property
+    def n_tokens(self) -> int:
+        """Its position: the number of tokens it covers."""
+        return len(self.tokens)
+
+    @property
+    def image_digests(self) -> tuple[str, ...]:
+        """The SHA-256 digests of its images, in position order."""
+        return tuple(d for _, _, d in self.image_spans)
+
+
+@dataclass
+class CaptureTicket:
+    """The answer of ``reserve_capture``. refused: None, "no_slot" or "duplicate" (then nothing is held and the
+    ticket needs neither commit nor abort). slot / slot_tier: the retained slot the runner copies the image into.
+    dropped: ids of the states dropped to free that slot."""
+
+    id: str
+    kind: str
+    tokens: tuple[int, ...]
+    image_spans: tuple[ImageSpan, ...]
+    priority: str
+    after_user: bool
+    stamp: Stamp
+    slot: int | None = None
+    slot_tier: str | None = None
+    refused: str | None = None
+    dropped: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.refused is None
+
+
+@dataclass
+class CommitResult:
+    """The answer of ``commit``: the state now retained (an older identical one when ``duplicate``), and the ids of
+    the states the conversation rule dropped (or doomed, when pinned)."""
+
+    state: RetainedState
+    duplicate: bool = False
+    dropped: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LookupResult:
+    """The answer of ``lookup``.
+
+    state: the matched state (pinned when the lookup pinned) or None. matched_tokens: its length (0 on a miss).
+    reason: None on a hit, else "miss" or "stamp_mismatch" (the only matches had another stamp; none was touched).
+    candidate: the state sharing the longest common prefix with the prompt without being a prefix of it — on a miss
+    whatever it shares (0 tokens included), on a hit only when it shares more than the match — else None
+    (``ignis.reuse.best_candidate`` / ``diverged_at``). candidate_state: its RetainedState.
+    """
+
+    state: RetainedState | None
+    matched_tokens: int
+    reason: str | None
+    candidate: Candidate | None = None
+    candidate_state: RetainedState | None = None
+
+
+class RetainedStore:
+    """The retained states of one daemon, over the KV pool and the retained slots.
+
+    pool: the KV pool (shared with live sequences). stamp: this daemon's stamp (given to every capture).
+    device_slots / host_slots: the retained-slot pools reserved at load (``reuse.device_slots`` and
+    ``reuse.host_slots_per_lane`` × lanes); separate from the live slots. needs_slot: a hybrid model (its image
+    has bytes); on an all-attention model (False) a capture takes no slot. interactive_ttl: seconds an interactive
+    checkpoint may idle in KV-RAM before it ranks as an agent one. clock: seconds (time.monotonic; tests inject).
+    """
+
+    def __init__(self, pool: PagePool, stamp: Stamp, *, device_slots: StateSlots | None = None,
+                 host_slots: StateSlots | None = None, needs_slot: bool = True,
+                 interactive_ttl: float = DEFAULT_INTERACTIVE_TTL, clock: Callable[[], float] = time.monotonic):
+        self.pool = pool
+        self.stamp = stamp
+        self.slot_pools: dict[str, StateSlots] = {}
+        if device_slots is not None:
+            self.slot_pools["device"] = device_slots
+        if host_slots is not None:
+            self.slot_pools["host"] = host_slots
+        self.needs_slot = needs_slot
+        self.interactive_ttl = interactive_ttl
+        self.clock = clock
+        self.index = PrefixIndex(pool.page_tokens)
+        self._states: dict[str, RetainedState] = {}
+        self._tickets: dict[str, CaptureTicket] = {}
+        self._next = 0
+
+    # ---------------------------------------------------------------- introspection
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __contains__(self, state_id: str) -> bool:
+        return state_id in self._states
+
+    def get(self, state_id: str) -> RetainedState:
+        """The state ``state_id`` (doomed ones included). Raises KeyError."""
+        return self._states[state_id]
+
+    def states(self) -> list[RetainedState]:
+        """Every state still holding its pages (doomed pinned ones included), oldest first."""
+        return list(self._states.values())
+
+    def holders(self) -> list[list[int]]:
+        """One page list per retained state, for ``PagePool.check_integrity`` beside the live sequences'."""
+        return [list(s.pages) for s in self._states.values()]
+
+    def pages_held(self) -> int:
+        """Distinct KV pages held by retained states (``status.kv_pool.pages_retained``)."""
+        return len({p for s in self._states.values() for p in s.pages})
+
+    def slots_free(self, slot_tier: str) -> int:
+        """Free retained slots in the "device" or "host" pool (0 when there is no such pool)."""
+        pool = self.slot_pools.get(slot_tier)
+        return pool.free if pool is not None else 0
+
+    def rows(self) -> list[dict]:
+        """The ``status`` op's ``retained`` rows: kind, tier, tokens, priority, age_s, idle_s, holders (pins)."""
+        now = self.clock()
+        return [{"kind": s.kind, "tier": s.tier, "tokens": s.n_tokens, "priority": s.priority,
+                 "age_s": now - s.created, "idle_s": now - s.last_use, "holders": s.pins}
+                for s in self._states.values() if not s.doomed]
+
+    # ---------------------------------------------------------------- ranking
+    def rank(self, state: RetainedState, now: float | None = None) -> tuple[int, float]:
+        """Higher keeps longer: (class, last_use); class 1 = interactive, 0 = agent. An interactive checkpoint idle
+        in KV-RAM for longer than interactive_ttl has class 0."""
+        now = self.clock() if now is None else now
+        cls = 1 if state.priority == "interactive" else 0
+        if cls and state.kind == "checkpoint" and state.tier == "ram" and now - state.last_use > self.interactive_ttl:
+            cls = 0
+        return cls, state.last_use
+
+    def victim(self, *, below: tuple | None = None, with_slot: bool = False,
+               now: float | None = None) -> RetainedState | None:
+        """The lowest-ranked state that can be dropped: unpinned, not doomed, holding a slot when ``with_slot``, and
+        ranking strictly below ``below`` when given. None when there is none."""
+        now = self.clock() if now is None else now
+        pool = [s for s in self._states.values()
+                if not s.pins and not s.doomed and (not with_slot or s.slot is not None)]
+        if not pool:
+            return None
+        v = min(pool, key=lambda s: (self.rank(s, now), s.created))
+        if below is not None and not self.rank(v, now) < below:
+            return None
+        return v
+
+    # ---------------------------------------------------------------- capture
+    def _find(self, kind: str, tokens: tuple[int, ...], spans: tuple[ImageSpan, ...], stamp: Stamp):
+        for m in self.index.matches(tokens, spans):
+            s = self._states[m.state_id]
+            if m.matched_tokens == len(tokens) and s.kind == kind and s.stamp == stamp \
+                    and s.image_spans == spans:
+                return s
+        return None
+
+    def reserve_capture(self, kind: str, tokens: Sequence[int], image_spans: Iterable[Sequence] = (), *,
+                        priority="interactive", after_user: bool = False,
+                        stamp: Stamp | None = None) -> CaptureTicket:
+        """Phase 1 of a capture of ``kind`` after ``tokens``. See the module docstring.
+
+        A state of the same kind, content and stamp already retained: refused "duplicate" (its last use is
+        refreshed, and an interactive capture promotes it to interactive). On a hybrid: a free retained slot, device
+        first, else the slot of the lowest-ranked unpinned state ranking below the new one (dropped:
+        ``ticket.dropped``), else refused "no_slot".
+        Raises ValueError for an unknown kind or priority, or malformed image spans.
+        """
+        if kind not in KINDS:
+            raise ValueError(f"kind {kind!r} not one of {KINDS}")
+        tokens = tuple(int(t) for t in tokens)
+        spans = normalize_spans(image_spans, len(tokens))
+        stamp = stamp or self.stamp
+        self._next += 1
+        t = CaptureTicket(f"ret-{self._next}", kind, tokens, spans, _priority(priority), bool(after_user), stamp)
+        now = self.clock()
+        same = self._find(kind, tokens, spans, stamp)
+        if same is not None:
+            same.last_use = now
+            if t.priority == "interactive":
+                same.priority = "interactive"      # what an interactive request would have left behind
+            t.refused = REFUSED_DUPLICATE
+            return t
+        if self.needs_slot:
+            got = self._take_slot(t.id)
+            if got is None:
+                new_rank = (1 if t.priority == "interactive" else 0, now)
+                v = self.victim(below=new_rank, with_slot=True, now=now)
+                if v is not None:
+                    t.dropped.append(v.id)
+                    self._free(v)
+                    got = self._take_slot(t.id)
+            if got is None:
+                t.refused = REFUSED_NO_SLOT
+                return t
+            t.slot_tier, t.slot = got
+        self._tickets[t.id] = t
+        return t
+
+    def _take_slot(self, holder: str) -> tuple[str, int] | None:
+        for tier in SLOT_TIERS:
+            pool = self.slot_pools.get(tier)
+            if pool is not None:
+                slot = pool.alloc(holder)
+                if slot is not None:
+                    return tier, slot
+        return None
+
+    def abort(self, ticket: CaptureTicket) -> None:
+        """Give back what ``ticket`` reserved (its slot); no-op for a refused or already settled ticket."""
+        if self._tickets.pop(ticket.id, None) is not None and ticket.slot is not None:
+            self.slot_pools[ticket.slot_tier].release(ticket.slot)
+
+    def commit(self, ticket: CaptureTicket, pages: Sequence[int]) -> CommitResult:
+        """Phase 2: retain the state of ``ticket`` with ``pages`` (one reference each taken for the store; see the
+        module docstring), index it, and for a checkpoint apply the conversation rule: the older checkpoints whose
+        content is a prefix of this one's are the same conversation; of them only the latest one taken right after a
+        real user message is kept, and none when this one is (this one is the conversation's latest). If an
+        identical state was committed meanwhile, this one's pages and slot are released and that one is returned.
+
+        Raises ValueError for a ticket that is not reserved, or a page count other than pages_for(len(tokens)).
+        """
+        if self._tickets.get(ticket.id) is not ticket:
+            raise ValueError(f"ticket {ticket.id} is not reserved (refused, aborted or committed)")
+        pages = list(pages)
+        if len(pages) != self.pool.pages_for(len(ticket.tokens)):
+            raise ValueError(f"{len(pages)} pages for {len(ticket.tokens)} tokens "
+                             f"(want {self.pool.pages_for(len(ticket.tokens))})")
+        del self._tickets[ticket.id]
+        now = self.clock()
+        same = self._find(ticket.kind, ticket.tokens, ticket.image_spans, ticket.stamp)
+        if same is not None:
+            self.pool.release(pages)
+            if ticket.slot is not None:
+                self.slot_pools[ticket.slot_tier].release(ticket.slot)
+            same.last_use = now
+            if ticket.priority == "interactive":
+                same.priority = "interactive"
+            return CommitResult(same, duplicate=True)
+        s = RetainedState(ticket.id, ticket.kind, ticket.tokens, ticket.image_spans, pages, ticket.slot,
+                          ticket.slot_tier, ticket.priority, now, now, ticket.stamp, after_user=ticket.after_user)
+        older = []
+        if s.kind == "checkpoint":
+            older = [self._states[m.state_id] for m in self.index.matches(s.tokens, s.image_spans)]
+            older = [o for o in older if o.kind == "checkpoint" and o.stamp == s.stamp]
+        self._states[s.id] = s
+        self.index.insert(s.id, s.tokens, s.image_spans)
+        keep = None
+        if not s.after_user:
+            users = [o for o in older if o.after_user]
+            keep = max(users, key=lambda o: (o.n_tokens, o.created)) if users else None
+        dropped = [o.id for o in older if o is not keep]
+        for o in older:
+            if o is not keep:
+                self.drop(o.id)
+        return CommitResult(s, dropped=dropped)
+
+    # ---------------------------------------------------------------- lookup
+    def stamp_ok(self, state: RetainedState) -> bool:
+        """Whether ``state`` was computed by this daemon's model, KV format and drafter."""
+        return state.stamp == self.stamp
+
+    def lookup(self, prompt: Sequence[int], image_spans: Iterable[Sequence] = (), *, limit: int | None = None,
+               pin: bool = True, explain: bool = True) -> LookupResult:
+        """The longest retained state whose tokens and images are a prefix of ``prompt`` (at most ``limit`` tokens;
+        None: len(prompt) - 1, so a token is left to prefill and sample from); equally long ones by rank. A state
+        of another stamp is refused before anything moves (reason "stamp_mismatch" when it was the only kind of
+        match). On a hit the state is pinned (``pin``: until ``unpin`` after the restore finished or was abandoned)
+        and its last use set. explain: also find ``candidate`` (the diverging state sharing more than the match)."""
+        prompt = list(prompt)
+        spans = normalize_spans(image_spans)
+        now = self.clock()
+        found = self.index.matches(prompt, spans, len(prompt) - 1 if limit is None else limit)
+        good = [m for m in found if self.stamp_ok(self._states[m.state_id])]
+        hit = None
+        if good:
+            best = good[0].matched_tokens
+            hit = max((m for m in good if m.matched_tokens == best),
+                      key=lambda m: (self.rank(self._states[m.state_id], now), self._states[m.state_id].created))
+        cand = cand_state = None
+        if explain:
+            cand = self.index.best_candidate(prompt, spans, key=lambda sid: self.rank(self._states[sid], now))
+            if cand is not None and hit is not None and cand.common_tokens <= hit.matched_tokens:
+                cand = None
+            cand_state = self._states[cand.state_id] if cand is not None else None
+        if hit is None:
+            return LookupResult(None, 0, REASON_STAMP if found else REASON_MISS, cand, cand_state)
+        s = self._states[hit.state_id]
+        s.last_use = now
+        if pin:
+            s.pins += 1
+        return LookupResult(s, hit.matched_tokens, None, cand, cand_state)
+
+    def pin(self, state_id: str) -> None:
+        """Add one pin to ``state_id``: it cannot be dropped until as many unpins. Raises KeyError."""
+        self._states[state_id].pins += 1
+
+    def unpin(self, state_id: str) -> None:
+        """Drop one pin; a doomed state is freed at its last unpin. Raises KeyError, or IntegrityError when not
+        pinned."""
+        s = self._states[state_id]
+        if s.pins <= 0:
+            raise IntegrityError(f"unpin of unpinned retained state {state_id}")
+        s.pins -= 1
+        if not s.pins and s.doomed:
+            self._free(s)
+
+    def touch(self, state_id: str) -> None:
+        """Mark ``state_id`` used now (e.g. when its restore finishes). Raises KeyError."""
+        self._states[state_id].last_use = self.clock()
+
+    # ---------------------------------------------------------------- dropping
+    def drop(self, state_id: str) -> bool:
+        """Drop ``state_id``: release its pages and slot now, or, while pinned, take it out of the index and free it
+        at its last unpin (doomed). Returns True when freed now. Raises KeyError."""
+        s = self._states[state_id]
+        if s.pins:
+            if not s.doomed:
+                s.doomed = True
+                self.index.remove(s.id)
+            return False
+        self._free(s)
+        return True
+
+    def _free(self, s: RetainedState) -> None:
+        if not s.doomed:
+            self.index.remove(s.id)
+        del self._states[s.id]
+        if s.pages:
+            self.pool.release(s.pages)
+            s.pages = []
+        if s.slot is not None:
+            self.slot_pools[s.slot_tier].release(s.slot)
+            s.slot = None
+
+    def reset(self) -> int:
+        """The ``reset`` op: drop every retained state. Pinned ones (a restore in flight) are doomed — out of the
+        index at once, freed when the restore lets go. Returns how many were freed now."""
+        return sum(self.drop(sid) for sid in list(self._states))
+
+    def evict_for_pages(self, free_pages: int) -> list[str]:
+        """Drop lowest-ranked unpinned states until at least ``free_pages`` pages are free in the pool, or none is
+        left to drop (retained state is always first to go and never refuses an admission). Returns the dropped ids.
+        A dropped state frees only the pages no one else holds."""
+        dropped = []
+        while self.pool.free < free_pages:
+            v = self.victim()
+            if v is None:
+                break
+            dropped.append(v.id)
+            self._free(v)
+        return dropped
+
+    def set_tier(self, state_id: str, tier: str, *, release_pages: bool = False) -> None:
+        """Record that ``state_id`` now lives in ``tier`` (the hook for tiers.py). release_pages: give its device
+        pages back to the pool (its KV now lives in the host arena or on disk). Raises KeyError / ValueError."""
+        if tier not in TIERS:
+            raise ValueError(f"tier {tier!r} not one of {TIERS}")
+        s = self._states[state_id]
+        if release_pages and s.pages:
+            self.pool.release(s.pages)
+            s.pages = []
+        s.tier = tier
+
+    # ---------------------------------------------------------------- integrity
+    def slot_holders(self) -> dict[str, list[int]]:
+        """Retained slots held per slot pool ("device" / "host"): by states and by reserved tickets."""
+        out: dict[str, list[int]] = {t: [] for t in self.slot_pools}
+        for x in list(self._states.values()) + list(self._tickets.values()):
+            if x.slot is not None:
+                out[x.slot_tier].append(x.slot)
+        return out
+
+    def check_integrity(self) -> None:
+        """Prove the retained slots (free + held = total, each held by exactly one state or ticket), the index (it
+        holds exactly the states that are not doomed), the pins (never negative; a doomed state is pinned) and the
+        page counts of device-tier states. The pages themselves are proven by ``PagePool.check_integrity`` with
+        ``holders()``. Raises IntegrityError."""
+        for tier, held in self.slot_holders().items():
+            self.slot_pools[tier].check_integrity(held)
+        live = {sid for sid, s in self._states.items() if not s.doomed}
+        if set(self.index.ids()) != live:
+            raise IntegrityError(f"prefix index holds {sorted(map(str, self.index.ids()))} but the live retained "
+                                 f"states are {sorted(live)}")
+        try:
+            self.index.check_integrity()
+        except AssertionError as e:
+            raise IntegrityError(str(e)) from None
+        for s in self._states.values():
+            if s.pins < 0 or (s.doomed and not s.pins):
+                raise IntegrityError(f"retained state {s.id}: pins {s.pins}, doomed {s.doomed}")
+            if self.needs_slot and s.slot is None:
+                raise IntegrityError(f"retained state {s.id} holds no slot on a hybrid model")
+            if s.tier == "device" and len(s.pages) != self.pool.pages_for(s.n_tokens):
+                raise IntegrityError(f"retained state {s.id}: {len(s.pages)} pages for {s.n_tokens} tokens")
