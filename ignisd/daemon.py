@@ -16,6 +16,7 @@ from ignisd.cache.device_pages import DevicePages
 from ignisd.cache.kv_format import get_kv_format
 from ignisd.cache.manager import CacheManager
 from ignisd.cache.page_pool import PagePool
+from ignisd.cache.state_slots import StateSlots
 from ignisd.config import Config
 from ignisd.engine import Engine
 from ignisd.handlers import Handlers
@@ -30,6 +31,8 @@ from ignisd.text.tokenizer import Tokenizer
 
 log = get_logger("model")
 PAGE_TOKENS = 64
+# how each architecture's chat output is split into reasoning / tool calls (ignisd.text.output_parser)
+OUTPUT_FAMILIES = {"qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5", "qwen3_next": "qwen3"}
 
 
 class StartupError(Exception):
@@ -131,17 +134,23 @@ class Daemon:
         self.kv = DevicePages(spec, pages, self.kv_format, page_tokens=PAGE_TOKENS)
         self.metrics = Metrics()
         pool = PagePool(pages, PAGE_TOKENS)
-        cache = CacheManager(pool, self.kv.page_bytes)
+        self.states, slots, state_bytes = None, None, 0
+        if spec.is_hybrid:  # one live state slot per lane: recurrent + conv state of every GDN layer
+            from ignisd.cache.device_states import DeviceStates
+            self.states = DeviceStates(spec, cfg.server.lanes)
+            slots = StateSlots(cfg.server.lanes)
+            state_bytes = self.states.slot_bytes
+        cache = CacheManager(pool, self.kv.page_bytes, slots=slots, state_bytes=state_bytes)
         self.scheduler = Scheduler(cache, lanes=cfg.server.lanes, context_tokens=context,
                                    prefill_chunk=cfg.server.prefill_chunk,
                                    round_prefill_tokens=cfg.server.round_prefill_tokens,
                                    max_queue=cfg.server.max_queue)
-        self.engine = Engine(self.scheduler, Runner(self.loaded.model, self.kv), self.metrics)
+        self.engine = Engine(self.scheduler, Runner(self.loaded.model, self.kv, self.states), self.metrics)
         self.metrics.kv_pool_pages.set(pages)
         self.metrics.kv_page_bytes.set(self.kv.page_bytes)
         model_info = {"name": spec.name, "arch": spec.arch, "kv_format": self.kv_format,
                       "context_tokens": context, "page_tokens": PAGE_TOKENS, "page_bytes": self.kv.page_bytes,
-                      "state_bytes": 0}
+                      "state_bytes": state_bytes}
         api_key = None
         if cfg.server.api_key_file:
             try:
@@ -152,12 +161,15 @@ class Daemon:
                 raise StartupError(f"server.api_key_file {cfg.server.api_key_file!r} is empty")
         self.handlers = Handlers(self.engine, tk, self.template, model_info=model_info, context_tokens=context,
                                  default_max_tokens=cfg.server.default_max_tokens,
-                                 developer_policy=cfg.server.developer_message_policy, metrics=self.metrics)
+                                 developer_policy=cfg.server.developer_message_policy, metrics=self.metrics,
+                                 output_family=OUTPUT_FAMILIES.get(spec.arch, "none"))
         self.server = Server(self.engine, self.handlers, max_line_bytes=cfg.server.max_line_bytes,
                              max_inflight=cfg.server.max_inflight_per_connection, api_key=api_key)
         log.info("vram_plan", model=spec.name, model_bytes=self.loaded.weight_bytes, kv_format=self.kv_format,
                  page_bytes=self.kv.page_bytes, kv_pool_pages=pages, kv_pool_tokens=pages * PAGE_TOKENS,
-                 kv_pool_bytes=self.kv.nbytes, context_tokens=context, lanes=cfg.server.lanes,
+                 kv_pool_bytes=self.kv.nbytes, state_bytes=state_bytes,
+                 live_state_bytes=self.states.nbytes if self.states is not None else 0,
+                 context_tokens=context, lanes=cfg.server.lanes,
                  load_ms=f"{(time.monotonic() - t0) * 1e3:.0f}")
 
     async def run(self) -> None:

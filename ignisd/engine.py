@@ -169,4 +169,7 @@ class Engine:
             "kv_pool": {"pages_total": pool.total, "pages_free": pool.free,
                         "pages_live": self.cache.live_pages(), "pages_retained": 0},
             "requests": self.scheduler.requests(),
+            "live_states": {"slots_total": self.cache.slots.total if self.cache.slots else 0,
+                            "slots_used": (self.cache.slots.total - self.cache.slots.free) if self.cache.slots else 0,
+                            "bytes_used": self.cache.live_state_bytes()},
         }

@@ -228,7 +228,8 @@ class Handlers:
         """The full `status` object of DESIGN §5 (zeros where a feature does not exist yet)."""
         st = self.engine.status()
         return {"model": self.model_info, "lanes": st["lanes"], "queue": st["queue"], "kv_pool": st["kv_pool"],
-                "slots": dict(self.slots_info), "tiers": [], "retained": [], "requests": st["requests"]}
+                "slots": dict(self.slots_info), "tiers": [], "retained": [], "requests": st["requests"],
+                "live_states": st["live_states"]}
 
 
 def _merge(a: dict, b: dict) -> dict:

@@ -193,3 +193,19 @@ def hf_smollm(smollm_path):
     m = AutoModelForCausalLM.from_pretrained(str(smollm_path.parent), gguf_file=smollm_path.name,
                                              dtype=torch.float32)
     return m.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35_real_dir(tmp_path_factory) -> Path:
+    """A tiny random Qwen3.5 hybrid (hidden 64, 4 layers: 3 GDN + 1 attention) with the real Qwen3.5 vocabulary
+    (248,320), tokenizer and chat template; built once a session."""
+    from make_tiny_checkpoint import make_tiny_qwen3_5
+    return Path(make_tiny_qwen3_5(tmp_path_factory.mktemp("tiny_qwen35_real"), seed=0, hidden=64,
+                                  real_tokenizer=True))
+
+
+@pytest.fixture(scope="session")
+def qwen_daemon(start_daemon, tiny_qwen35_real_dir) -> DaemonProc:
+    """The shared daemon on the tiny real-vocabulary Qwen3.5 hybrid: 4 lanes, 4,096 KV tokens."""
+    return start_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
+                         "--model-context-tokens", "2048"])

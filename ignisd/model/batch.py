@@ -21,12 +21,16 @@ class SeqChunk:
     start: tokens of this sequence already in the KV cache (= position of token_ids[0]).
     page_ids: KV pool pages of the sequence covering positions [0, start + len(token_ids)) (more is allowed).
     logits: "last" (logits of the last new token) | "all" (every new token, for prompt_logprobs) | "none".
+    state_slot: the sequence's live state slot (row of DeviceStates) on a hybrid model, whose GDN layers read the
+        recurrent + conv state there and write the state after this chunk back; None on an all-attention model.
+        The forward never zeroes a slot: the caller zeroes it before a sequence's first chunk (start == 0).
     """
 
     token_ids: list[int]
     start: int
     page_ids: list[int]
     logits: str = "last"
+    state_slot: int | None = None
 
 
 @dataclass
@@ -45,6 +49,7 @@ class ForwardBatch:
         token with logits): "last" -> (r, 1, n-1), "all" -> (r, n, 0), "none" -> (r, 0, n).
         Logits row for token_ids[j] predict the token at position start + j + 1.
     page_tokens: tokens per KV page.
+    state_slots: per chunk, its SeqChunk.state_slot (None entries on an all-attention model).
     """
 
     input_ids: torch.Tensor
@@ -58,6 +63,7 @@ class ForwardBatch:
     logits_index: torch.Tensor
     logits_owner: list[tuple[int, int, int]]
     page_tokens: int
+    state_slots: list[int | None] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -69,7 +75,7 @@ class ForwardBatch:
         """Flatten `chunks` into one ForwardBatch.
 
         Raises ValueError on an empty batch or chunk, a negative start, too few page_ids for start+len(token_ids),
-        or an unknown logits mode.
+        an unknown logits mode, or one state slot given to two chunks.
         """
         if not chunks:
             raise ValueError("ForwardBatch.build: no chunks")
@@ -112,6 +118,10 @@ class ForwardBatch:
             else:
                 owners.append((n_logits, 0, n))
             row += n
+        slots = [c.state_slot for c in chunks]
+        held = [x for x in slots if x is not None]
+        if len(set(held)) != len(held):
+            raise ValueError(f"state slots {held}: a slot appears in two chunks of one batch")
         return cls(
             input_ids=torch.tensor(ids, dtype=torch.long),
             positions=torch.cat(positions),
@@ -119,5 +129,5 @@ class ForwardBatch:
             seq_lens=seq_lens, context_lens=context_lens, starts=starts, read_slots=read_slots,
             page_tables=page_tables,
             logits_index=torch.cat(logits_rows) if logits_rows else torch.zeros(0, dtype=torch.long),
-            logits_owner=owners, page_tokens=page_tokens,
+            logits_owner=owners, page_tokens=page_tokens, state_slots=slots,
         )

@@ -98,7 +98,7 @@ class Model:
         ts = [self.embed, self.norm, self.lm_head]
         for layer in self.layers:
             a, m = layer.attn, layer.mlp
-            ts += [a.w_qkv, a.w_o, a.b_qkv, a.b_o, m.w_gate_up, m.w_down, m.b_gate_up, m.b_down,
+            ts += [a.w_qkv_t, a.w_o_t, a.b_qkv, a.b_o, m.w_gate_up_t, m.w_down_t, m.b_gate_up, m.b_down,
                    layer.in_norm, layer.post_norm]
         for t in ts:
             if t is not None:
@@ -106,8 +106,11 @@ class Model:
         return sum(seen.values())
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, kv: DevicePages) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, kv: DevicePages, states=None) -> torch.Tensor:
         """Run every token of `batch` through the model, writing its K/V into `kv`.
+
+        states: unused (an all-attention model keeps no per-sequence state; accepted so every model class takes
+        the same call as qwen_hybrid.HybridModel.forward).
 
         batch: ForwardBatch (T tokens of one or more sequences, prefill chunks and decode tokens mixed); the slots of
         batch.slot_mapping must belong to the sequences (the caller's page allocation).

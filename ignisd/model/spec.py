@@ -12,17 +12,24 @@ from typing import Any
 
 from ignisd.cache.kv_format import get_kv_format
 
-# Architectures this build can run. Hybrids (qwen3_5 / qwen3_next: GDN + full attention) come in a later issue.
-SUPPORTED_ARCHS = ("llama",)
+# Architectures this build can run: llama (all full attention) and the Qwen hybrids (Gated DeltaNet + gated full
+# attention, MODELS.md §2): qwen3_5 (dense MLP) and qwen3_next (MoE).
+SUPPORTED_ARCHS = ("llama", "qwen3_5", "qwen3_next")
+HYBRID_ARCHS = ("qwen3_5", "qwen3_next")
+LAYER_TYPES = ("full_attention", "linear_attention")
 # HF `architectures` / `model_type` values accepted as llama.
 _HF_LLAMA_ARCHS = {"LlamaForCausalLM"}
+# HF `architectures` / `model_type` values of the hybrids -> arch.
+_HF_HYBRID_ARCHS = {"Qwen3_5ForConditionalGeneration": "qwen3_5", "Qwen3_5ForCausalLM": "qwen3_5",
+                    "Qwen3NextForCausalLM": "qwen3_next"}
+_HF_HYBRID_TYPES = {"qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5", "qwen3_next": "qwen3_next"}
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """Architecture of one loaded model.
 
-    name: display name (health/status). arch: "llama" for now.
+    name: display name (health/status). arch: "llama" | "qwen3_5" | "qwen3_next" (SUPPORTED_ARCHS).
     vocab_size, hidden_size, intermediate_size, num_layers, num_heads (query heads), num_kv_heads, head_dim: counts.
     rms_norm_eps: RMSNorm epsilon. rope_theta: rotary base. rope_scaling: None (plain RoPE) or a dict with
     "rope_type" in {"linear", "llama3"} and that type's parameters (HF's keys: factor, low_freq_factor,
@@ -30,8 +37,16 @@ class ModelSpec:
     context_tokens: max_position_embeddings (HF) / llama.context_length (GGUF).
     tie_word_embeddings: the LM head reuses the token embedding matrix.
     bos_token_id, eos_token_ids: special ids from the config / GGUF tokenizer metadata.
-    layer_types: one entry per layer; "full_attention" for every llama layer.
+    layer_types: one entry per layer, "full_attention" or "linear_attention" (GDN); all "full_attention" for llama.
     attention_bias, mlp_bias: whether the projections carry biases (HF llama options; False for GGUF llama).
+
+    Hybrid fields (MODELS.md §2-§3; zero / defaults for llama):
+    partial_rotary_factor: fraction of head_dim that is rotated (0.25 for the Qwen hybrids; rotary_dim).
+    linear_num_key_heads (Hk), linear_num_value_heads (Hv), linear_key_head_dim (dk), linear_value_head_dim (dv),
+    linear_conv_kernel_dim (K): the GDN layers' shape.
+    num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size, norm_topk_prob: the MoE
+    block (qwen3_next); moe_layers: indices of the layers whose MLP is the MoE block (the others use the dense
+    SwiGLU MLP of intermediate_size).
     """
 
     name: str
@@ -53,6 +68,18 @@ class ModelSpec:
     layer_types: tuple[str, ...]
     attention_bias: bool = False
     mlp_bias: bool = False
+    partial_rotary_factor: float = 1.0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
@@ -61,6 +88,29 @@ class ModelSpec:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if len(self.layer_types) != self.num_layers:
             raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+        bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if bad:
+            raise ValueError(f"unknown layer types {bad}; supported: {', '.join(LAYER_TYPES)}")
+        if self.n_gdn_layers:
+            if self.arch not in HYBRID_ARCHS:
+                raise ValueError(f"architecture {self.arch!r} has no linear_attention layers")
+            hk, hv = self.linear_num_key_heads, self.linear_num_value_heads
+            if min(hk, hv, self.linear_key_head_dim, self.linear_value_head_dim, self.linear_conv_kernel_dim) < 1:
+                raise ValueError("linear_attention layers need positive linear_num_key_heads, linear_num_value_heads, "
+                                 "linear_key_head_dim, linear_value_head_dim and linear_conv_kernel_dim")
+            if hv % hk:
+                raise ValueError(f"linear_num_value_heads {hv} is not a multiple of linear_num_key_heads {hk}")
+        if not 0.0 < self.partial_rotary_factor <= 1.0 or self.rotary_dim % 2 or self.rotary_dim < 2:
+            raise ValueError(f"partial_rotary_factor {self.partial_rotary_factor} gives an odd or empty rotary "
+                             f"dimension for head_dim {self.head_dim}")
+        if any(not 0 <= i < self.num_layers for i in self.moe_layers):
+            raise ValueError(f"moe_layers {self.moe_layers} out of range for {self.num_layers} layers")
+        if self.moe_layers and not (0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0):
+            raise ValueError(f"MoE layers need 0 < num_experts_per_tok ({self.num_experts_per_tok}) <= num_experts "
+                             f"({self.num_experts}) and moe_intermediate_size > 0")
+
+    def __hash__(self) -> int:   # rope_scaling is a dict: hash through the structural hash instead
+        return hash((self.name, self.bos_token_id, self.eos_token_ids, self.context_tokens, self.structural_hash()))
 
     # ------------------------------------------------------------------ derived numbers
     @property
@@ -79,6 +129,62 @@ class ModelSpec:
             else:
                 out.append(None)
         return tuple(out)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """A Qwen hybrid (GDN + gated attention, zero-centred norms), whatever its layer mix."""
+        return self.arch in HYBRID_ARCHS
+
+    @property
+    def n_gdn_layers(self) -> int:
+        """Number of linear-attention (Gated DeltaNet) layers: the layers that keep a recurrent + conv state."""
+        return sum(1 for t in self.layer_types if t == "linear_attention")
+
+    @property
+    def gdn_layer_index(self) -> tuple[int | None, ...]:
+        """Per layer: its index among the GDN layers (row of DeviceStates' per-slot tensors), or None."""
+        out, n = [], 0
+        for t in self.layer_types:
+            if t == "linear_attention":
+                out.append(n)
+                n += 1
+            else:
+                out.append(None)
+        return tuple(out)
+
+    @property
+    def rotary_dim(self) -> int:
+        """Rotated dimensions of each attention head: int(head_dim * partial_rotary_factor) (64 of 256 on the Qwen
+        hybrids; head_dim for llama), as transformers computes it."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of a GDN layer's short conv: 2·Hk·dk + Hv·dv (q, k, v; MODELS.md §2.3). 0 without GDN layers."""
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + \
+            self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def recurrent_state_bytes(self) -> int:
+        """Bytes of one sequence's fp32 recurrent state: Σ_GDN Hv·dk·dv·4 (DESIGN §4.2; 144 MiB on Qwen3.5-27B)."""
+        per_layer = self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim * 4
+        return self.n_gdn_layers * per_layer
+
+    def conv_state_bytes(self, act_bytes: int) -> int:
+        """Bytes of one sequence's conv history: Σ_GDN conv_dim·(K−1)·act_bytes (the K−1 input columns a step
+        needs; transformers keeps K)."""
+        return self.n_gdn_layers * self.conv_dim * max(self.linear_conv_kernel_dim - 1, 0) * act_bytes
+
+    def state_bytes(self, kv_format: str, act_bytes: int | None = None) -> int:
+        """Bytes of one live state slot (DESIGN §4.2): recurrent_state_bytes + conv_state_bytes(act_bytes).
+
+        act_bytes: bytes of an activation element the conv history is kept in; default the KV format's element
+        size (fp32 KV goes with fp32 activations on the CPU, bf16 with bf16 on CUDA). The hq-e8-2b exact window
+        is added here when that format exists. 0 on an all-attention model. Raises ValueError for an unknown
+        format.
+        """
+        fmt = get_kv_format(kv_format)
+        return self.recurrent_state_bytes + self.conv_state_bytes(fmt.elem_bytes if act_bytes is None else act_bytes)
 
     def kv_bytes_per_token(self, kv_format: str) -> int:
         """Bytes of K and V one token occupies across all attention layers under `kv_format`.
@@ -103,6 +209,14 @@ class ModelSpec:
             "layer_types": list(self.layer_types), "attention_bias": self.attention_bias,
             "mlp_bias": self.mlp_bias,
         }
+        if self.is_hybrid:
+            fields.update({
+                "partial_rotary_factor": float(self.partial_rotary_factor),
+                "linear": [self.linear_num_key_heads, self.linear_num_value_heads, self.linear_key_head_dim,
+                           self.linear_value_head_dim, self.linear_conv_kernel_dim],
+                "moe": [self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size,
+                        self.shared_expert_intermediate_size, self.norm_topk_prob, list(self.moe_layers)],
+            })
         blob = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -110,11 +224,16 @@ class ModelSpec:
     @classmethod
     def from_hf_config(cls, config: dict, name: str) -> "ModelSpec":
         """Build from a parsed HF config.json (dict). Accepts transformers 4 (`rope_theta`, `rope_scaling`) and 5
-        (`rope_parameters`) spellings. Raises ValueError for a non-llama architecture or unsupported rope type."""
+        (`rope_parameters`) spellings; the Qwen hybrids go through spec_hybrid.hybrid_spec_from_hf_config. Raises ValueError for
+        an unsupported architecture or rope type."""
         archs = set(config.get("architectures") or [])
         model_type = config.get("model_type")
+        if archs & set(_HF_HYBRID_ARCHS) or (not archs & _HF_LLAMA_ARCHS and model_type in _HF_HYBRID_TYPES):
+            from ignisd.model.spec_hybrid import hybrid_spec_from_hf_config
+            return hybrid_spec_from_hf_config(cls, config, name)
         if not (archs & _HF_LLAMA_ARCHS or (not archs and model_type == "llama")):
-            raise ValueError(f"HF model {sorted(archs) or model_type!r} is not supported; supported: LlamaForCausalLM")
+            raise ValueError(f"HF model {sorted(archs) or model_type!r} is not supported; supported: LlamaForCausalLM, "
+                             f"{', '.join(sorted(_HF_HYBRID_ARCHS))}")
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
         head_dim = int(config.get("head_dim") or hidden // heads)
