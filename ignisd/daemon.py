@@ -32,7 +32,7 @@ from ignisd.text.tokenizer import Tokenizer
 log = get_logger("model")
 PAGE_TOKENS = 64
 # how each architecture's chat output is split into reasoning / tool calls (ignisd.text.output_parser)
-OUTPUT_FAMILIES = {"qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5", "qwen3_next": "qwen3"}
+OUTPUT_FAMILIES = {"qwen3_5": "qwen3_5", "qwen3_next": "qwen3"}
 
 
 class StartupError(Exception):

@@ -5,10 +5,13 @@ conventions: seconds, ``_total`` on counters (added by prometheus-client), ``_by
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.exposition import generate_latest
 
 from ignis_client.protocol import ERROR_CODES, FINISH_REASONS
+
+# `*_created` timestamp series double every counter's exposition and no dashboard reads them
+disable_created_metrics()
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from ignisd.cache.device_pages import DevicePages
 from ignisd.model.attention import Attention, AttentionPlan
 from ignisd.model.batch import ForwardBatch
-from ignisd.model.layers import MLP, Rotary, rms_norm
+from ignisd.model.layers import MLP, Rotary, rms_norm, take_weight
 from ignisd.model.spec import ModelSpec
 
 
@@ -50,12 +50,7 @@ class Model:
         w = weights
 
         def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-            if name not in w:
-                raise KeyError(f"missing tensor {name}")
-            t = w.pop(name)
-            if tuple(t.shape) != shape:
-                raise ValueError(f"tensor {name} has shape {tuple(t.shape)}, expected {shape}")
-            return t
+            return take_weight(w, name, shape)
 
         def maybe(name: str, shape: tuple[int, ...], present: bool) -> torch.Tensor | None:
             return take(name, shape) if present else None

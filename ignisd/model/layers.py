@@ -14,6 +14,19 @@ import torch.nn.functional as F
 from ignisd.model.spec import ModelSpec
 
 
+def take_weight(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Remove and return tensor `name` from `weights`, checking its shape.
+
+    Raises KeyError when it is missing and ValueError when its shape is not `shape`.
+    """
+    if name not in weights:
+        raise KeyError(f"missing tensor {name}")
+    t = weights.pop(name)
+    if tuple(t.shape) != shape:
+        raise ValueError(f"tensor {name} has shape {tuple(t.shape)}, expected {shape}")
+    return t
+
+
 def linear_t(x: torch.Tensor, w_t: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """x @ w_t (+ b): a linear layer whose weight is stored transposed, w_t [in, out] contiguous.
 

@@ -24,7 +24,7 @@ from ignisd.model.batch import ForwardBatch
 from ignisd.model.gated_attention import GatedAttention, rms_norm_1p, zero_centred_norm_weight
 from ignisd.model.gdn import GatedDeltaNet, GDNPlan
 from ignisd.model.hybrid_weights import expert_tensors
-from ignisd.model.layers import MLP, Rotary
+from ignisd.model.layers import MLP, Rotary, take_weight
 from ignisd.model.moe import SparseMoE, module_tensors
 from ignisd.model.spec import ModelSpec
 
@@ -66,12 +66,7 @@ class HybridModel:
         w = weights
 
         def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-            if name not in w:
-                raise KeyError(f"missing tensor {name}")
-            t = w.pop(name)
-            if tuple(t.shape) != shape:
-                raise ValueError(f"tensor {name} has shape {tuple(t.shape)}, expected {shape}")
-            return t
+            return take_weight(w, name, shape)
 
         s = spec
         h, d, eps = s.hidden_size, s.head_dim, s.rms_norm_eps

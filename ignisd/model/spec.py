@@ -25,6 +25,16 @@ _HF_HYBRID_ARCHS = {"Qwen3_5ForConditionalGeneration": "qwen3_5", "Qwen3_5ForCau
 _HF_HYBRID_TYPES = {"qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5", "qwen3_next": "qwen3_next"}
 
 
+def _index_among(layer_types: tuple[str, ...], kind: str) -> tuple[int | None, ...]:
+    """Per layer: its index among the layers of type `kind`, or None for the other layers."""
+    out: list[int | None] = []
+    n = 0
+    for t in layer_types:
+        out.append(n if t == kind else None)
+        n += t == kind
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Architecture of one loaded model.
@@ -121,14 +131,7 @@ class ModelSpec:
     @property
     def attention_layer_index(self) -> tuple[int | None, ...]:
         """Per layer: its index among the full-attention layers (row of DevicePages.k), or None."""
-        out, n = [], 0
-        for t in self.layer_types:
-            if t == "full_attention":
-                out.append(n)
-                n += 1
-            else:
-                out.append(None)
-        return tuple(out)
+        return _index_among(self.layer_types, "full_attention")
 
     @property
     def is_hybrid(self) -> bool:
@@ -143,14 +146,7 @@ class ModelSpec:
     @property
     def gdn_layer_index(self) -> tuple[int | None, ...]:
         """Per layer: its index among the GDN layers (row of DeviceStates' per-slot tensors), or None."""
-        out, n = [], 0
-        for t in self.layer_types:
-            if t == "linear_attention":
-                out.append(n)
-                n += 1
-            else:
-                out.append(None)
-        return tuple(out)
+        return _index_among(self.layer_types, "linear_attention")
 
     @property
     def rotary_dim(self) -> int:
