@@ -199,3 +199,45 @@ def test_prepared_renders_with_smollm(smollm):
     rendered = smollm.render(prepare_messages(DEV_CONV[:3], "into-system"))
     assert rendered == ("<|im_start|>system\nSys.\n\nDev one.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n"
                         "<|im_start|>assistant\n")
+
+
+def _ten_turn_agent_conversation() -> list[dict]:
+    """A 10-turn tool-calling conversation with reasoning: user asks, the assistant reasons and calls tools
+    (arguments as JSON strings, as OpenAI clients send them, and as objects), tools answer, the user follows up."""
+    tools_args = [
+        ("read_file", {"path": "src/main.py"}), ("run_tests", {"target": "tests/unit", "verbose": True}),
+        ("grep", {"pattern": "def main", "paths": ["src", "tests"]}), ("write_file", {"path": "a.py", "text": "x = 1\n"}),
+    ]
+    msgs = [{"role": "system", "content": "You are a careful coding agent. Today is 2026-11-29."},
+            {"role": "user", "content": "The tests fail on main. Find out why and fix it."}]
+    for turn, (name, args) in enumerate(tools_args):
+        arguments = json.dumps(args) if turn % 2 == 0 else args
+        msgs.append({"role": "assistant", "content": f"Step {turn}: calling {name}.",
+                     "reasoning_content": f"I should use {name} now (turn {turn}).",
+                     "tool_calls": [{"id": f"call_{turn}", "type": "function",
+                                     "function": {"name": name, "arguments": arguments}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"call_{turn}", "content": f"result {turn}: ok"})
+        if turn == 1:
+            msgs.append({"role": "user", "content": "Also check the linter, please."})
+    msgs.append({"role": "assistant", "content": "Fixed: the import was wrong.",
+                 "reasoning_content": "All four steps succeeded."})
+    msgs.append({"role": "user", "content": "Thanks! Summarise the change in one line."})
+    return msgs
+
+
+AGENT_TOOLS = [{"type": "function", "function": {"name": n, "description": f"{n} tool", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": []}}}
+    for n in ("read_file", "run_tests", "grep", "write_file")]
+
+
+@pytest.mark.parametrize("enable_thinking", [True, False])
+@pytest.mark.parametrize("gen", [True, False])
+def test_qwen35_ten_turn_agent_conversation_equals_transformers(hf, enable_thinking, gen):
+    messages = prepare_messages(_ten_turn_agent_conversation(), "into-system")
+    assert sum(1 for m in messages if m["role"] == "assistant") >= 5 and len(messages) >= 10
+    template = ChatTemplate(QWEN_SOURCE, hf.bos_token, hf.eos_token)
+    got = template.render(messages, tools=AGENT_TOOLS, add_generation_prompt=gen, enable_thinking=enable_thinking)
+    expected = hf.apply_chat_template(messages, tools=AGENT_TOOLS, chat_template=QWEN_SOURCE, tokenize=False,
+                                      add_generation_prompt=gen, enable_thinking=enable_thinking)
+    assert got == expected
+    assert "<function=run_tests>" in got and "<parameter=verbose>\nTrue\n</parameter>" in got
