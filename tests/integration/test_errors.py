@@ -171,3 +171,23 @@ def test_config_file_error_names_key(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ignisd", "serve", "--config", str(cfg)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "server.prefill_chunk" in r.stderr and "big" in r.stderr
+
+
+def test_stale_socket_file_is_replaced(start_daemon, tiny_llama_dir, tmp_path):
+    import socket as socketlib
+    import tempfile
+    from pathlib import Path
+
+    from conftest import DaemonProc
+    d = Path(tempfile.mkdtemp(prefix="ignis-stale-", dir="/tmp"))
+    stale = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    stale.bind(str(d / "ignisd.sock"))          # a socket file nobody listens on (a crashed daemon's)
+    stale.close()
+    assert (d / "ignisd.sock").is_socket()
+    proc = DaemonProc(["--model", str(tiny_llama_dir), "--model-context-tokens", "256",
+                       "--vram-kv-pool-bytes", "512tok", "--lanes", "1"], d)
+    try:
+        assert proc.status()["kv_pool"]["pages_total"] == 8
+    finally:
+        assert proc.stop() == 0
+    assert not (d / "ignisd.sock").exists()      # a clean stop removes the socket
