@@ -259,7 +259,8 @@ class Handlers:
         if self.metrics is not None:
             self.metrics.requests_total.labels(finish_reason=finish.value).inc()
         log.info("done", id=op.id, prompt=ev.prompt_tokens, cached=ev.cached_tokens, prefilled=ev.prefilled_tokens,
-                 generated=generated, tier=reuse["tier"], kind=reuse["kind"], reason=reuse["reason"], ttft_ms=f"{ev.ttft_ms:.1f}",
+                 generated=generated, tier=reuse["tier"], kind=reuse["kind"], reason=reuse["reason"],
+                 ttft_ms=f"{ev.ttft_ms:.1f}",
                  tok_s=f"{ev.decode_tokens_per_s:.1f}", finish=finish.value)
         await conn.send(P.done(op.id, text, finish.value, usage, timings, reuse, message=message,
                                logprobs=logprobs if op.logprobs else None,

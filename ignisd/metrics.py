@@ -50,7 +50,8 @@ class Metrics:
                                              "Time between consecutive generated tokens of one request.",
                                              buckets=INTER_TOKEN_BUCKETS, registry=r)
         self.reuse_lookups = Counter("ignis_reuse_lookups", "Retained-state lookups at admission.", registry=r)
-        self.reuse_hits = Counter("ignis_reuse_hits", "Admissions that resumed from a retained state, by kind and tier.",
+        self.reuse_hits = Counter("ignis_reuse_hits",
+                                  "Admissions that resumed from a retained state, by kind and tier.",
                                   ["kind", "tier"], registry=r)
         self.reuse_tokens_restored = Counter("ignis_reuse_tokens_restored",
                                              "Prompt tokens restored from retained states instead of prefilled.",

@@ -228,7 +228,10 @@ class Scheduler:
             req = s.req
             n = len(req.prompt_ids)
             lk = None
-            if store is not None and req.cache_prompt and req.prompt_logprobs is None:
+            if self._capturing(s):
+                ahead = self._pending_capture(s)
+                if ahead and store.lookup(req.prompt_ids, pin=False, explain=False).matched_tokens < ahead:
+                    continue   # a running prefill is about to retain a longer shared prefix: resume from it then
                 lk = store.lookup(req.prompt_ids)          # pins a hit until its restore ran
             match = lk.state if lk is not None else None
             r = lk.matched_tokens if match is not None else 0
@@ -275,6 +278,20 @@ class Scheduler:
                              **extra)
         reason = lk.reason if lk.reason != "miss" else (req.cut_reason or "miss")
         return ReuseInfo(reason=reason, **extra)
+
+    def _pending_capture(self, s: Sequence) -> int:
+        """The longest capture point that a running prefill has yet to reach and whose tokens start `s`'s prompt
+        (0: none). A burst of requests sharing a system + tools block then waits for the first to publish it instead
+        of prefilling it again beside it."""
+        ids = s.req.prompt_ids
+        best = 0
+        for t in self.running:
+            if t.state is not SeqState.PREFILL or t.plan is None or not self._capturing(t):
+                continue
+            for c in t.plan.captures:
+                if best < c.pos < len(ids) and c.pos > t.computed and t.req.prompt_ids[:c.pos] == ids[:c.pos]:
+                    best = c.pos
+        return best
 
     def _capturing(self, s: Sequence) -> bool:
         return self.cache.retained is not None and s.req.cache_prompt and s.req.prompt_logprobs is None

@@ -75,6 +75,24 @@ def chat(c, rid, messages, tools=None, **kw):
     return r
 
 
+def burst(c, bodies: list, tools=None, **kw) -> list[dict]:
+    """Send every chat body at once; returns their final replies in order."""
+    for i, m in enumerate(bodies):
+        body = {"id": f"u{i}", "op": "chat", "messages": m, "temperature": 0, "max_tokens": 4, **kw}
+        if tools:
+            body["tools"] = tools
+        c.send(body)
+    finals = {}
+    while len(finals) < len(bodies):
+        r = c.recv()
+        if r["type"] in ("done", "error"):
+            finals[r["id"]] = r
+    out = [finals[f"u{i}"] for i in range(len(bodies))]
+    for r in out:
+        assert r["type"] == "done", r
+    return out
+
+
 def cuts(c, messages, tools=None) -> dict:
     body = {"id": "tk", "op": "tokenize", "messages": messages}
     if tools:
@@ -161,15 +179,13 @@ def test_burst_resumes_from_retained_prefix_llama(tiny_daemon, target):
     sysm, end = _system_of_tokens(c, target)
     publish = end - end % 64
     suffixes = [1, 30, 70, 200, 400]
-    first = chat(c, "b0", [sysm, {"role": "user", "content": words(5, 99)}])
-    assert cached(first) == 0
-    # the rest of the burst arrives together once the first published its prefix
-    for i, n in enumerate(suffixes):
-        c.send({"id": f"b{i + 1}", "op": "chat", "messages": [sysm, {"role": "user", "content": f"Task {i}: "
-                + words(n, i)}], "temperature": 0, "max_tokens": 4})
-    for i in range(len(suffixes)):
-        r = c.until_done(f"b{i + 1}")[1]
-        assert r["type"] == "done", r
+    # the whole burst arrives at once: the first prefills the block, the rest wait for it and resume from it
+    bodies = [[sysm, {"role": "user", "content": words(5, 99)}]] + [
+        [sysm, {"role": "user", "content": f"Task {i}: " + words(n, i)}] for i, n in enumerate(suffixes)]
+    for i, r in enumerate(burst(c, bodies)):
+        if i == 0:
+            assert cached(r) == 0
+            continue
         ru = r["ignis"]["reuse"]
         assert (ru["kind"], cached(r)) == ("prefix", publish), (i, ru)
         assert r["usage"]["prompt_tokens"] > publish
@@ -182,10 +198,11 @@ def test_burst_with_tools_hybrid(qwen_daemon):
     sysm = {"role": "system", "content": "You are a subagent. " + words(60)}
     publish = cuts(c, [sysm, {"role": "user", "content": "x"}], TOOLS)["cut_points"]["publish"]
     assert publish >= 128
-    chat(c, "h0", [sysm, {"role": "user", "content": "warm up"}], TOOLS)
-    for i, n in enumerate((1, 65, 300)):
-        r = chat(c, f"h{i + 1}", [sysm, {"role": "user", "content": f"Job {i} " + words(n, i + 3)}], TOOLS)
-        assert (r["ignis"]["reuse"]["kind"], cached(r)) == ("prefix", publish)
+    bodies = [[sysm, {"role": "user", "content": "warm up"}]] + [
+        [sysm, {"role": "user", "content": f"Job {i} " + words(n, i + 3)}]
+        for i, n in enumerate((1, 65, 300, 2, 127, 64, 700))]
+    for i, r in enumerate(burst(c, bodies, TOOLS)):
+        assert (r["ignis"]["reuse"]["kind"], cached(r)) == ((None, 0) if i == 0 else ("prefix", publish)), i
     c.close()
     settle(qwen_daemon)
 

@@ -184,3 +184,23 @@ def test_resume_never_reaches_the_last_prompt_token(publish, opener, n):
     s.submit(req("b", ids, publish=publish, opener=opener))
     d = run(s)["b"]
     assert 0 < d.cached_tokens < n and d.prefilled_tokens == n - d.cached_tokens
+
+
+def test_burst_waits_for_the_first_to_publish_the_shared_block():
+    s = make(lanes=4)
+    block = list(range(2000, 2128))
+    s.submit(req("a", block + list(range(100)), publish=128, opener=None))
+    for i in range(3):
+        s.submit(req(f"b{i}", block + [50 + i] * (10 + 40 * i), publish=128, opener=None))
+    assert [x.rid for x in s.running] == ["a"] and len(s.waiting) == 3
+    done = run(s)
+    assert done["a"].cached_tokens == 0
+    for i in range(3):
+        d = done[f"b{i}"]
+        assert (d.cached_tokens, d.reuse.kind) == (128, "prefix")
+    # with cache_prompt false a request does not wait
+    s.cache.retained.reset()
+    s.submit(req("c", block + list(range(100)), publish=128, opener=None))
+    s.submit(req("d", block + [1] * 5, publish=128, opener=None, cache_prompt=False))
+    assert [x.rid for x in s.running] == ["c", "d"]
+    run(s)
