@@ -327,3 +327,26 @@ def test_prompt_logprobs_never_restores(tiny_daemon):
     assert r["ignis"]["reuse"]["kind"] == "checkpoint" and cached(r) > 0
     c.close()
     settle(tiny_daemon)
+
+
+@pytest.mark.smollm
+def test_smollm_conversation_resumes_and_matches_cold(smollm_daemon):
+    """End to end on the real SmolLM2: a three-turn conversation resumes each turn at the previous checkpoint,
+    and its greedy replies equal the same requests run cold (cache_prompt false) on the same daemon."""
+    c = fresh(smollm_daemon)
+    msgs = [{"role": "system", "content": "You are a concise geography tutor. " + words(60)},
+            {"role": "user", "content": "Name the longest river in Europe and say which countries it crosses. "
+             + words(50, 3)}]
+    opener = 0
+    # follow-ups longer than a page, so every turn's checkpoint is far enough past the previous one to be taken
+    for turn, follow in enumerate(["Which cities lie on it? " + words(70, 5), "And its source? " + words(70, 6),
+                                   None]):
+        r = chat(c, f"sm{turn}", msgs, max_tokens=12)
+        cold = chat(c, f"sc{turn}", msgs, max_tokens=12, cache_prompt=False)
+        assert r["text"] == cold["text"]
+        assert cached(r) == opener
+        opener = cuts(c, msgs)["cut_points"]["opener"]
+        if follow:
+            msgs = msgs + [{"role": "assistant", "content": r["text"]}, {"role": "user", "content": follow}]
+    c.close()
+    settle(smollm_daemon)
