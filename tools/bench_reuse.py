@@ -122,11 +122,12 @@ def main() -> None:
     ap.add_argument("--lengths", default="1024,2048,4096,8192")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1))
+    ap.add_argument("--context", type=int, default=8192, help="model.context_tokens (tokens)")
     ap.add_argument("--round-prefill-tokens", type=int, default=512)
     a = ap.parse_args()
     args = ["--lanes", "8", "--vram-kv-pool-bytes", "160Ktok", "--server-round-prefill-tokens",
             str(a.round_prefill_tokens)]
-    context = 8192
+    context = a.context
     if a.tiny:
         sys.path.insert(0, str(ROOT / "tools"))
         from make_tiny_checkpoint import make_tiny_llama

@@ -350,3 +350,20 @@ def test_smollm_conversation_resumes_and_matches_cold(smollm_daemon):
             msgs = msgs + [{"role": "assistant", "content": r["text"]}, {"role": "user", "content": follow}]
     c.close()
     settle(smollm_daemon)
+
+
+def test_hybrid_without_retained_slots_skips_captures(start_daemon, tiny_qwen35_real_dir):
+    """No retained slot (host_slots_per_lane 0): a hybrid cannot keep an image, so every capture is skipped and the
+    requests run normally, leaving nothing behind."""
+    d = start_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "2", "--vram-kv-pool-bytes", "2Ktok",
+                      "--model-context-tokens", "1024", "--reuse-host-slots-per-lane", "0"])
+    c = d.conn()
+    t1 = [{"role": "system", "content": "You are a helpful agent. " + words(80)}, long_user(9)]
+    for rid in ("n0", "n1"):
+        r = chat(c, rid, t1, TOOLS)
+        assert cached(r) == 0 and r["ignis"]["reuse"]["reason"] == "miss"
+    st = settle(d)
+    assert st["retained"] == [] and st["slots"]["host_total"] == 0
+    text = c.request({"id": "m", "op": "metrics"})["result"]["text"]
+    assert 'ignis_reuse_captures_skipped_total{reason="no_slot"} 4.0' in text
+    c.close()
