@@ -264,7 +264,7 @@ def test_resumed_equals_cold(request, model):
     tools = TOOLS if model == "qwen" else None
     c, co = fresh(on), off.conn()
     kw = dict(max_tokens=8, logprobs=True, top_logprobs=5)
-    for i, (t1, follow) in enumerate(_conversations(4, tools is not None)):
+    for i, (t1, follow) in enumerate(_conversations(12, tools is not None)):
         r1 = chat(c, f"e{i}a", t1, tools, **kw)
         # overwrite the pages turn 1 gave back, so a resume that failed to copy its partial page cannot pass
         chat(c, f"e{i}n", [{"role": "user", "content": words(300, 5)}], tools, cache_prompt=False)
