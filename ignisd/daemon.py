@@ -16,6 +16,7 @@ from ignisd.cache.device_pages import DevicePages
 from ignisd.cache.kv_format import get_kv_format
 from ignisd.cache.manager import CacheManager
 from ignisd.cache.page_pool import PagePool
+from ignisd.cache.retained import RetainedStore, Stamp
 from ignisd.cache.state_slots import StateSlots
 from ignisd.config import Config
 from ignisd.engine import Engine
@@ -140,12 +141,25 @@ class Daemon:
             self.states = DeviceStates(spec, cfg.server.lanes)
             slots = StateSlots(cfg.server.lanes)
             state_bytes = self.states.slot_bytes
-        cache = CacheManager(pool, self.kv.page_bytes, slots=slots, state_bytes=state_bytes)
+        retained, retained_states, retained_bytes = None, {}, 0
+        rc = cfg.reuse
+        if rc.prompt:   # retained slots reserved at load (DESIGN §4.4); on this CPU both pools are host memory
+            dev_n = rc.device_slots if spec.is_hybrid else 0
+            host_n = rc.host_slots_per_lane * cfg.server.lanes if spec.is_hybrid else 0
+            if spec.is_hybrid:
+                from ignisd.cache.device_states import DeviceStates
+                retained_states = {"device": DeviceStates(spec, dev_n), "host": DeviceStates(spec, host_n)}
+                retained_bytes = sum(st.nbytes for st in retained_states.values())
+            retained = RetainedStore(pool, Stamp(spec.structural_hash(), self.kv_format),
+                                     device_slots=StateSlots(dev_n), host_slots=StateSlots(host_n),
+                                     needs_slot=spec.is_hybrid, interactive_ttl=rc.retained_interactive_ttl)
+        cache = CacheManager(pool, self.kv.page_bytes, slots=slots, state_bytes=state_bytes, retained=retained)
         self.scheduler = Scheduler(cache, lanes=cfg.server.lanes, context_tokens=context,
                                    prefill_chunk=cfg.server.prefill_chunk,
                                    round_prefill_tokens=cfg.server.round_prefill_tokens,
-                                   max_queue=cfg.server.max_queue)
-        self.engine = Engine(self.scheduler, Runner(self.loaded.model, self.kv, self.states), self.metrics)
+                                   max_queue=cfg.server.max_queue, metrics=self.metrics)
+        self.engine = Engine(self.scheduler, Runner(self.loaded.model, self.kv, self.states, retained_states),
+                             self.metrics)
         self.metrics.kv_pool_pages.set(pages)
         self.metrics.kv_page_bytes.set(self.kv.page_bytes)
         model_info = {"name": spec.name, "arch": spec.arch, "kv_format": self.kv_format,
@@ -169,6 +183,7 @@ class Daemon:
                  page_bytes=self.kv.page_bytes, kv_pool_pages=pages, kv_pool_tokens=pages * PAGE_TOKENS,
                  kv_pool_bytes=self.kv.nbytes, state_bytes=state_bytes,
                  live_state_bytes=self.states.nbytes if self.states is not None else 0,
+                 retained_slot_bytes=retained_bytes, reuse_prompt=rc.prompt,
                  context_tokens=context, lanes=cfg.server.lanes,
                  load_ms=f"{(time.monotonic() - t0) * 1e3:.0f}")
 

@@ -134,7 +134,7 @@ class Engine:
                 continue
             checked = False
             plan = self.scheduler.schedule()
-            if not plan.items:
+            if not plan.items and not plan.restores:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -159,6 +159,26 @@ class Engine:
             await asyncio.sleep(0)  # let the server write what this round produced
         self._executor.shutdown(wait=True)
 
+    def reset(self) -> int:
+        """The `reset` op: drop every retained state (pinned ones when their restore lets go). Returns how many were
+        freed now (0 with reuse off). Runs on the event loop, like schedule() and update()."""
+        store = self.cache.retained
+        n = store.reset() if store is not None else 0
+        self._update_gauges()
+        return n
+
+    def reuse_status(self) -> dict:
+        """`status.slots` and `status.retained`."""
+        store = self.cache.retained
+        if store is None:
+            return {"slots": {"device_total": 0, "device_free": 0, "host_total": 0, "host_free": 0}, "retained": []}
+        pools = store.slot_pools
+        slots = {"device_total": pools["device"].total if "device" in pools else 0,
+                 "device_free": store.slots_free("device"),
+                 "host_total": pools["host"].total if "host" in pools else 0,
+                 "host_free": store.slots_free("host")}
+        return {"slots": slots, "retained": store.rows()}
+
     def status(self) -> dict:
         """The engine's part of the `status` op: lanes, queue, kv_pool, requests."""
         c = self.scheduler.counts()
@@ -167,7 +187,7 @@ class Engine:
             "lanes": {k: c[k] for k in ("total", "prefill", "decode", "evicted")},
             "queue": {"waiting": c["waiting"]},
             "kv_pool": {"pages_total": pool.total, "pages_free": pool.free,
-                        "pages_live": self.cache.live_pages(), "pages_retained": 0},
+                        "pages_live": self.cache.live_pages(), "pages_retained": self.cache.retained_pages()},
             "requests": self.scheduler.requests(),
             "live_states": {"slots_total": self.cache.slots.total if self.cache.slots else 0,
                             "slots_used": (self.cache.slots.total - self.cache.slots.free) if self.cache.slots else 0,

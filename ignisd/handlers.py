@@ -8,14 +8,34 @@ from __future__ import annotations
 
 import time
 
+from dataclasses import dataclass
+
 from ignis_client import protocol as P
+from ignis_client.divergence import diverged_at
 from ignisd.log import get_logger
-from ignisd.request import DoneEvent, ErrorEvent, FinishReason, Priority, Request, SamplingParams, TokenEvent
+from ignisd.request import (DoneEvent, ErrorEvent, FinishReason, Priority, Request, ReuseInfo, SamplingParams,
+                            TokenEvent)
+from ignisd.text.segments import CutPoints, cut_points, message_at_char, message_spans
 from ignisd.text.chat_template import prepare_messages
 from ignisd.text.output_parser import make_output_parser, prompt_starts_in_reasoning
 from ignisd.text.stream import StreamDecoder
 
 log = get_logger("srv")
+
+
+@dataclass
+class Prompt:
+    """A rendered, tokenized prompt with what reuse needs of it: text and per-token character offsets (None for a
+    token-id completion prompt), the messages, tools and template kwargs it was rendered from (chat only), and its
+    cut points."""
+
+    ids: list[int]
+    text: str | None = None
+    offsets: list | None = None
+    messages: list | None = None
+    tools: list | None = None
+    kwargs: dict | None = None
+    cuts: CutPoints | None = None
 
 
 class Handlers:
@@ -46,13 +66,14 @@ class Handlers:
         """Answer `op` on `conn`. Raises ProtocolError for request errors (the caller replies with it)."""
         kind = type(op).__name__
         if kind == "ChatOp":
-            text = self.render_text(op)
+            prompt = self.chat_prompt(op)
             parser = make_output_parser(self.output_family, op.tools,
-                                        starts_in_reasoning=prompt_starts_in_reasoning(text))
-            await self.generate(conn, op, self.tok.encode(text), parser)
+                                        starts_in_reasoning=prompt_starts_in_reasoning(prompt.text))
+            await self.generate(conn, op, prompt.ids, parser, prompt)
         elif kind == "CompletionOp":
             ids = self.completion_ids(op)
-            await self.generate(conn, op, ids)
+            await self.generate(conn, op, ids, None,
+                                Prompt(ids, text=op.prompt if isinstance(op.prompt, str) else None))
         elif kind == "TokenizeOp":
             await conn.send(P.result(op.id, self.tokenize(op)))
         elif kind == "DetokenizeOp":
@@ -69,7 +90,9 @@ class Handlers:
         elif op.op == "metrics":
             await conn.send(P.result(op.id, {"text": self.metrics.render() if self.metrics else ""}))
         elif op.op == "reset":
-            await conn.send(P.result(op.id, {"dropped": 0}))
+            n = self.engine.reset()
+            log.info("reset", dropped=n)
+            await conn.send(P.result(op.id, {"dropped": n}))
         else:
             raise P.ProtocolError("unknown_op", f"unknown op {op.op!r}", "op")
 
@@ -89,12 +112,34 @@ class Handlers:
 
     def render_text(self, op) -> str:
         """The chat body rendered with the model's template (ending in the generation opener)."""
+        return self._render(op)[2]
+
+    def _render(self, op, add_generation_prompt: bool = True) -> tuple[list[dict], dict, str]:
         msgs = self._messages(op)
         kwargs = dict(op.chat_template_kwargs or {})
         try:
-            return self.template.render(msgs, tools=op.tools or None, add_generation_prompt=True, **kwargs)
+            text = self.template.render(msgs, tools=op.tools or None, add_generation_prompt=add_generation_prompt,
+                                        **kwargs)
         except Exception as e:  # jinja2 raise_exception() and template errors are the request's fault
             raise P.ProtocolError("bad_request", f"chat template: {e}", "messages") from None
+        return msgs, kwargs, text
+
+    def _spans(self, msgs, text, tools, kwargs, only, add_generation_prompt: bool = True):
+        try:
+            return message_spans(self.template, msgs, text, tools=tools, only=only,
+                                 add_generation_prompt=add_generation_prompt, **kwargs)
+        except Exception as e:  # a template that cannot be probed leaves the prompt without cut points
+            log.warning("message_spans_failed", error=repr(e))
+            return None
+
+    def chat_prompt(self, op) -> Prompt:
+        """Render, tokenize with offsets, and find the cut points (DESIGN §4.3) of a chat body."""
+        msgs, kwargs, text = self._render(op)
+        ids, offsets = self.tok.encode_with_offsets(text)
+        tools = op.tools or None
+        spans = self._spans(msgs, text, tools, kwargs, "cuts")
+        cuts = cut_points(text, ids, offsets, spans) if spans is not None else None
+        return Prompt(ids, text, offsets, msgs, tools, kwargs, cuts)
 
     def _check_ids(self, ids, field: str) -> None:
         v = self.tok.vocab_size
@@ -116,13 +161,17 @@ class Handlers:
         if op.text is not None:
             text = op.text
         else:
-            text = self.render_text(op.chat)
+            msgs, kwargs, text = self._render(op.chat, op.add_generation_prompt)
         ids, offsets = self.tok.encode_with_offsets(text)
         out = {"tokens": ids, "offsets": [list(o) for o in offsets], "text": text}
         if op.text is None:
-            messages = []
-            out["messages"] = messages
-            out["cut_points"] = {"publish": 0, "opener": 0}
+            spans = self._spans(msgs, text, op.chat.tools or None, kwargs, None, op.add_generation_prompt)
+            if spans is None:
+                out["messages"] = [{"role": str(m.get("role")), "start": None, "end": None} for m in msgs]
+                out["cut_points"] = {"publish": 0, "opener": None}
+            else:
+                out["messages"] = spans.wire()
+                out["cut_points"] = cut_points(text, ids, offsets, spans).wire()
         return out
 
     # ---- generation ----
@@ -141,16 +190,22 @@ class Handlers:
                 "top_logprobs": [{"token": self.tok.decode([t]), "token_id": t, "logprob": lp}
                                  for t, lp in (ev.top or [])]}
 
-    async def generate(self, conn, op, ids: list[int], parser=None) -> None:
+    async def generate(self, conn, op, ids: list[int], parser=None, prompt: Prompt | None = None) -> None:
         """Run one chat/completion request through the engine and stream its replies on `conn`.
 
         parser: for chat, the OutputParser that splits text into content / reasoning_content / tool_calls deltas;
-        None for completion (text deltas only).
+        None for completion (text deltas only). prompt: the rendered prompt with its cut points (reuse).
         """
         prompt_logprobs = getattr(op, "prompt_logprobs", None)
+        prompt = prompt or Prompt(ids)
+        cuts = prompt.cuts
+        msgs = prompt.messages or []
         req = Request(rid=conn.rid(op.id), prompt_ids=ids, sampling=self._sampling(op, len(ids)),
                       priority=Priority(op.priority), prompt_logprobs=prompt_logprobs,
-                      cache_prompt=op.cache_prompt)
+                      cache_prompt=op.cache_prompt,
+                      publish=cuts.publish if cuts else 0, opener=cuts.opener if cuts else None,
+                      cut_reason=cuts.reason if cuts else None,
+                      after_user=bool(msgs) and msgs[-1].get("role") == "user")
         decoder = StreamDecoder(self.tok, list(op.sampling.stop))
         queue = self.engine.submit(req)
         conn.rids[op.id] = req.rid
@@ -195,7 +250,7 @@ class Handlers:
         timings = {"queue_ms": round(ev.queue_ms, 3), "load_ms": 0.0, "ttft_ms": round(ev.ttft_ms, 3),
                    "prefill_tokens_per_s": round(ev.prefill_tokens_per_s, 2),
                    "decode_tokens_per_s": round(ev.decode_tokens_per_s, 2)}
-        reuse = P.empty_reuse(reason="reuse_off" if not op.cache_prompt else "miss")
+        reuse = self.reuse_reply(ev.reuse or ReuseInfo(), ev.cached_tokens, prompt)
         message = None
         if parsed is not None:
             message = parsed.message()
@@ -204,11 +259,36 @@ class Handlers:
         if self.metrics is not None:
             self.metrics.requests_total.labels(finish_reason=finish.value).inc()
         log.info("done", id=op.id, prompt=ev.prompt_tokens, cached=ev.cached_tokens, prefilled=ev.prefilled_tokens,
-                 generated=generated, tier=None, kind=None, ttft_ms=f"{ev.ttft_ms:.1f}",
+                 generated=generated, tier=reuse["tier"], kind=reuse["kind"], reason=reuse["reason"],
+                 ttft_ms=f"{ev.ttft_ms:.1f}",
                  tok_s=f"{ev.decode_tokens_per_s:.1f}", finish=finish.value)
         await conn.send(P.done(op.id, text, finish.value, usage, timings, reuse, message=message,
                                logprobs=logprobs if op.logprobs else None,
                                prompt_logprobs=ev.prompt_logprobs))
+
+    def reuse_reply(self, ri: ReuseInfo, cached_tokens: int, prompt: Prompt) -> dict:
+        """The `ignis.reuse` object (DESIGN §5) from the engine's ReuseInfo; diverged_at is located in the request's
+        rendered text and messages."""
+        best = div = None
+        if ri.candidate_tokens is not None:
+            cand = list(ri.candidate_tokens)
+            best = {"kind": ri.candidate_kind, "tier": ri.candidate_tier, "tokens": len(cand)}
+            try:
+                theirs = prompt.text if prompt.text is not None else self.tok.decode(prompt.ids)
+                div = diverged_at(cand, prompt.ids, self.tok.decode(cand), theirs, prompt.offsets,
+                                  token=ri.candidate_common)
+                if div is not None and prompt.messages:
+                    span = message_at_char(self.template, prompt.messages, prompt.text, div["char_offset"],
+                                           tools=prompt.tools, **(prompt.kwargs or {}))
+                    div["message_index"] = span.index if span else None
+                    div["role"] = span.role if span else None
+            except Exception as e:  # the report is best effort; never fail a finished request over it
+                log.warning("diverged_at_failed", error=repr(e))
+                div = None
+        hit = ri.kind is not None and cached_tokens > 0
+        return P.reuse(tier=ri.tier if hit else None, kind=ri.kind if hit else None,
+                       cached_tokens=cached_tokens, reason=None if hit else (ri.reason or "miss"),
+                       best_candidate=best, diverged_at=div)
 
     async def _send_delta(self, conn, rid: str, piece: str, parser, logprobs: list, final: bool = False) -> None:
         """Send one streamed delta: plain text for completion; for chat, the parser's content / reasoning_content /
@@ -227,8 +307,9 @@ class Handlers:
     def status(self) -> dict:
         """The full `status` object of DESIGN §5 (zeros where a feature does not exist yet)."""
         st = self.engine.status()
+        ru = self.engine.reuse_status()
         return {"model": self.model_info, "lanes": st["lanes"], "queue": st["queue"], "kv_pool": st["kv_pool"],
-                "slots": dict(self.slots_info), "tiers": [], "retained": [], "requests": st["requests"],
+                "slots": ru["slots"], "tiers": [], "retained": ru["retained"], "requests": st["requests"],
                 "live_states": st["live_states"]}
 
 

@@ -27,7 +27,9 @@ class Metrics:
     finish_reason, finished requests), errors_total (counter with label code, error replies), ttft_seconds (histogram,
     arrival → first token), inter_token_seconds (histogram, gap between consecutive tokens of one request).
     Attribute names equal the exposed sample names less ``ignis_``; prefill_tokens, decode_tokens, requests and errors
-    are aliases of the four counters.
+    are aliases of the four counters. Prompt reuse (DESIGN §4.4): reuse_lookups, reuse_hits (labels kind, tier),
+    reuse_tokens_restored, reuse_captures (label kind), reuse_captures_skipped (label reason); the tokens prefilled
+    are prefill_tokens.
     """
 
     def __init__(self) -> None:
@@ -50,12 +52,29 @@ class Metrics:
         self.inter_token_seconds = Histogram("ignis_inter_token_seconds",
                                              "Time between consecutive generated tokens of one request.",
                                              buckets=INTER_TOKEN_BUCKETS, registry=r)
+        self.reuse_lookups = Counter("ignis_reuse_lookups", "Retained-state lookups at admission.", registry=r)
+        self.reuse_hits = Counter("ignis_reuse_hits",
+                                  "Admissions that resumed from a retained state, by kind and tier.",
+                                  ["kind", "tier"], registry=r)
+        self.reuse_tokens_restored = Counter("ignis_reuse_tokens_restored",
+                                             "Prompt tokens restored from retained states instead of prefilled.",
+                                             registry=r)
+        self.reuse_captures = Counter("ignis_reuse_captures", "Retained states captured, by kind.", ["kind"],
+                                      registry=r)
+        self.reuse_captures_skipped = Counter("ignis_reuse_captures_skipped",
+                                              "Captures not taken, by reason (no_slot, duplicate).", ["reason"],
+                                              registry=r)
         self.prefill_tokens, self.decode_tokens = self.prefill_tokens_total, self.decode_tokens_total
         self.requests, self.errors = self.requests_total, self.errors_total
         for reason in FINISH_REASONS:          # present at 0 from the start, so rates work from the first scrape
             self.requests.labels(finish_reason=reason)
         for code in ERROR_CODES:
             self.errors.labels(code=code)
+        for kind in ("prefix", "checkpoint"):
+            self.reuse_captures.labels(kind=kind)
+            self.reuse_hits.labels(kind=kind, tier="device")
+        for reason in ("no_slot", "duplicate"):
+            self.reuse_captures_skipped.labels(reason=reason)
 
     def set_pool(self, pages: int, used_pages: int, page_bytes: int) -> None:
         """Update the three KV pool gauges at once (pages, used pages, bytes per page)."""

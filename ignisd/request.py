@@ -69,6 +69,13 @@ class Request:
     prompt_logprobs: int | None = None
     cache_prompt: bool = True
     arrival: float = field(default_factory=time.monotonic)
+    # cut points (DESIGN §4.3): publish (page multiple, 0 = none) and opener (None = none) token positions;
+    # cut_reason: why a cut is missing (ignis.reuse.reason literal) or None; after_user: the last message is a
+    # real user message (the checkpoint then is the one "right after its last user message")
+    publish: int = 0
+    opener: int | None = None
+    cut_reason: str | None = None
+    after_user: bool = False
 
 
 # ---- commands (server -> engine) ----
@@ -117,6 +124,26 @@ class DoneEvent:
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
     prompt_logprobs: list | None = None
+    reuse: "ReuseInfo | None" = None
+
+
+@dataclass(frozen=True)
+class ReuseInfo:
+    """What the engine did about prompt reuse for one request (the engine side of ``ignis.reuse``, DESIGN §5).
+
+    tier / kind: where and what it resumed from (None on a miss). cached_tokens: tokens restored. reason: None on a
+    hit, else a wire reason literal. candidate_tokens / candidate_kind / candidate_tier / candidate_common: the best
+    diverging retained state (its tokens, for ``diverged_at``) and how many tokens it shares with the prompt.
+    """
+
+    tier: str | None = None
+    kind: str | None = None
+    cached_tokens: int = 0
+    reason: str | None = "miss"
+    candidate_tokens: tuple[int, ...] | None = None
+    candidate_kind: str | None = None
+    candidate_tier: str | None = None
+    candidate_common: int = 0
 
 
 @dataclass(frozen=True)

@@ -31,13 +31,15 @@ class Runner:
     """Executes round plans on one model and one KV pool.
 
     model: ignisd.model.hybrid.Model. kv: the DevicePages the pool's page ids index. states: the DeviceStates the
-    live state slots index (hybrid models), or None on an all-attention model.
+    live state slots index (hybrid models), or None on an all-attention model. retained_states: {"device": ...,
+    "host": ...} DeviceStates holding the images of retained states (the retained slots index them; hybrids only).
     """
 
-    def __init__(self, model, kv: DevicePages, states=None):
+    def __init__(self, model, kv: DevicePages, states=None, retained_states: dict | None = None):
         self.model = model
         self.kv = kv
         self.states = states
+        self.retained_states = retained_states or {}
         self.page_tokens = kv.page_tokens
         self._gens: dict[str, torch.Generator] = {}
 
@@ -49,6 +51,11 @@ class Runner:
     def execute(self, plan: RoundPlan) -> list[ItemResult]:
         """Run every item of `plan`; returns one ItemResult per item, in plan order."""
         results: list[ItemResult | None] = [None] * len(plan.items)
+        for rs in plan.restores:          # resume: partial last page (copy-on-write) and the image, before any pass
+            if rs.src_page is not None:
+                self.kv.copy_pages([rs.src_page], [rs.dst_page])
+            if rs.slot is not None and self.states is not None:
+                self.states.restore(rs.seq.slot, self.retained_states[rs.slot_tier].image(rs.slot))
         for idx in _passes(plan.items):
             items = [plan.items[i] for i in idx]
             if self.states is None:
@@ -67,6 +74,14 @@ class Runner:
                 n = {"last": 1, "all": len(it.token_ids), "none": 0}[it.logits]
                 results[i] = self._item_result(it, logits[row:row + n])
                 row += n
+            for it in items:               # captures at the end of this pass's chunks
+                cap = it.capture
+                if cap is None:
+                    continue
+                if cap.copy_page is not None:
+                    self.kv.copy_pages([cap.src_page], [cap.copy_page])
+                if cap.slot is not None and self.states is not None:
+                    self.retained_states[cap.slot_tier].restore(cap.slot, self.states.image(it.seq.slot))
         return results  # type: ignore[return-value]
 
     def _item_result(self, it: PlanItem, rows: torch.Tensor) -> ItemResult:

@@ -4,9 +4,17 @@
 can be reserved, gives every decoding lane one token, and fills the round's prefill budget with whole prefill
 chunks; `update()` folds the runner's result back and returns the events for the server.
 
-Chunking: chunk k of a prompt is [kC, min(n, (k+1)C)) with C = min(server.prefill_chunk, server.round_prefill_tokens),
-so the same prompt is always split the same way whatever else is running. A round may run several chunks of one
-sequence; they go to the runner in order and each sees the K/V of the ones before it.
+Chunking: the prompt is cut into traversals at its resume point and capture points (DESIGN §4.3,
+``text.segments.plan_traversals``); chunk k of traversal [a, b) is [a + kC, min(b, a + (k+1)C)) with
+C = min(server.prefill_chunk, server.round_prefill_tokens), so the same prompt is always split the same way whatever
+else is running. A round may run several chunks of one sequence; they go to the runner in order and each sees the
+K/V of the ones before it.
+
+Prompt reuse (DESIGN §4.1-§4.4): at admission a request looks up the longest retained state whose tokens are a
+prefix of its prompt (pinned until its restore ran), shares its full pages in place and resumes after it; the round
+that follows carries a RestoreOp (copy of the partial last page into the sequence's own page, image into its live
+slot). A chunk that ends at a capture point carries a CaptureOp (reserved here; the runner copies the image and the
+partial page after that chunk's pass; committed in ``update()``), and the sequence runs no further chunk that round.
 """
 from __future__ import annotations
 
@@ -22,8 +30,10 @@ from ignisd.request import (
     FinishReason,
     Priority,
     Request,
+    ReuseInfo,
     TokenEvent,
 )
+from ignisd.text.segments import TraversalPlan, plan_traversals
 
 
 class SeqState(enum.Enum):
@@ -49,6 +59,11 @@ class Sequence:
     admitted_at: float | None = None
     first_token_at: float | None = None
     prefilled: int = 0
+    resume: int = 0                    # tokens restored from a retained state (0: cold)
+    plan: TraversalPlan | None = None  # traversals and captures, set at admission
+    restore: "RestoreOp | None" = None  # pending until the round carrying it has run
+    tickets: list = field(default_factory=list)   # captures reserved for the round in flight
+    reuse: ReuseInfo = field(default_factory=ReuseInfo)
 
     @property
     def rid(self) -> str:
@@ -61,10 +76,39 @@ class Sequence:
 
 
 @dataclass
+class RestoreOp:
+    """Resume `seq` from retained state `state_id` before the round's passes: copy page `src_page` (the state's
+    partial last page) into `dst_page` (the sequence's own page) when not None, and the image in retained slot
+    (`slot_tier`, `slot`) into the sequence's live slot when `slot` is not None."""
+
+    seq: Sequence
+    state_id: str
+    src_page: int | None
+    dst_page: int | None
+    slot_tier: str | None
+    slot: int | None
+
+
+@dataclass
+class CaptureOp:
+    """After the pass holding its item: copy the live image into retained slot (`slot_tier`, `slot`) when `slot` is
+    not None, and the sequence's page `src_page` (its partial page at `pos`) into `copy_page` when not None."""
+
+    ticket: object
+    pos: int
+    kind: str
+    slot_tier: str | None
+    slot: int | None
+    src_page: int | None
+    copy_page: int | None
+
+
+@dataclass
 class PlanItem:
     """One forward slice of one sequence: `token_ids` at positions [start, start+len).
 
     logits: "last" | "all" (prompt_logprobs) | "none". sample: draw the next token from the last row.
+    capture: a CaptureOp to run after this item's pass, or None.
     """
 
     seq: Sequence
@@ -72,13 +116,15 @@ class PlanItem:
     token_ids: list[int]
     logits: str
     sample: bool
+    capture: CaptureOp | None = None
 
 
 @dataclass
 class RoundPlan:
-    """What one round runs: `items` in order (decode lanes first, then prefill chunks)."""
+    """What one round runs: `restores` first, then `items` in order (decode lanes first, then prefill chunks)."""
 
     items: list[PlanItem]
+    restores: list[RestoreOp] = field(default_factory=list)
 
     @property
     def prefill_tokens(self) -> int:
@@ -120,8 +166,9 @@ class Scheduler:
     """
 
     def __init__(self, cache: CacheManager, *, lanes: int, context_tokens: int, prefill_chunk: int,
-                 round_prefill_tokens: int, max_queue: int):
+                 round_prefill_tokens: int, max_queue: int, metrics=None):
         self.cache = cache
+        self.metrics = metrics
         self.lanes = lanes
         self.context_tokens = context_tokens
         self.chunk = max(1, min(prefill_chunk, round_prefill_tokens))
@@ -177,16 +224,93 @@ class Scheduler:
         for s in order:
             if len(self.running) >= self.lanes:
                 break
-            got = self.cache.reserve(s.rid, s.bound_tokens)
+            store = self.cache.retained
+            req = s.req
+            n = len(req.prompt_ids)
+            lk = None
+            if self._capturing(s):
+                ahead = self._pending_capture(s)
+                if ahead and store.lookup(req.prompt_ids, pin=False, explain=False).matched_tokens < ahead:
+                    continue   # a running prefill is about to retain a longer shared prefix: resume from it then
+                lk = store.lookup(req.prompt_ids)          # pins a hit until its restore ran
+            match = lk.state if lk is not None else None
+            r = lk.matched_tokens if match is not None else 0
+            pt = self.cache.page_tokens
+            got = self.cache.reserve(s.rid, s.bound_tokens, match.pages[:r // pt] if match is not None else ())
             if got is None:
+                if match is not None:
+                    store.unpin(match.id)
                 break  # strict rank order: a later request never overtakes one that is waiting for pages
             self.waiting.remove(s)
             s.pages, s.slot = got
             s.state = SeqState.PREFILL
             s.admitted_at = time.monotonic()
-            if s.req.prompt_logprobs is not None:
+            if req.prompt_logprobs is not None:
                 s.prompt_logprobs = [None]
+            s.resume = s.computed = r
+            s.reuse = self._reuse_info(s, lk)
+            if match is not None:
+                partial = r % pt != 0
+                s.restore = RestoreOp(s, match.id, match.pages[r // pt] if partial else None,
+                                      s.pages[r // pt] if partial else None, match.slot_tier, match.slot)
+            s.plan = plan_traversals(r, req.publish, req.opener, n, chunk_tokens=self.chunk, page_tokens=pt)
+            m = self.metrics
+            if m is not None and lk is not None:
+                m.reuse_lookups.inc()
+                if match is not None:
+                    m.reuse_hits.labels(kind=match.kind, tier=match.tier).inc()
+                    m.reuse_tokens_restored.inc(r)
             self.running.append(s)
+
+    def _reuse_info(self, s: Sequence, lk) -> ReuseInfo:
+        req = s.req
+        if lk is None:
+            reason = "prompt_logprobs" if (req.prompt_logprobs is not None and req.cache_prompt
+                                           and self.cache.retained is not None) else "reuse_off"
+            return ReuseInfo(reason=reason)
+        cand = lk.candidate_state
+        extra = {}
+        if cand is not None:
+            extra = dict(candidate_tokens=tuple(cand.tokens), candidate_kind=cand.kind, candidate_tier=cand.tier,
+                         candidate_common=lk.candidate.common_tokens)
+        if lk.state is not None:
+            return ReuseInfo(tier=lk.state.tier, kind=lk.state.kind, cached_tokens=lk.matched_tokens, reason=None,
+                             **extra)
+        reason = lk.reason if lk.reason != "miss" else (req.cut_reason or "miss")
+        return ReuseInfo(reason=reason, **extra)
+
+    def _pending_capture(self, s: Sequence) -> int:
+        """The longest capture point that a running prefill has yet to reach and whose tokens start `s`'s prompt
+        (0: none). A burst of requests sharing a system + tools block then waits for the first to publish it instead
+        of prefilling it again beside it."""
+        ids = s.req.prompt_ids
+        best = 0
+        for t in self.running:
+            if t.state is not SeqState.PREFILL or t.plan is None or not self._capturing(t):
+                continue
+            for c in t.plan.captures:
+                if best < c.pos < len(ids) and c.pos > t.computed and t.req.prompt_ids[:c.pos] == ids[:c.pos]:
+                    best = c.pos
+        return best
+
+    def _capturing(self, s: Sequence) -> bool:
+        return self.cache.retained is not None and s.req.cache_prompt and s.req.prompt_logprobs is None
+
+    def _reserve_capture(self, s: Sequence, end: int) -> CaptureOp | None:
+        c = s.plan.capture_at(end) if s.plan is not None and self._capturing(s) else None
+        if c is None:
+            return None
+        ticket, copy = self.cache.reserve_capture(
+            c.kind, s.req.prompt_ids[:end], priority=s.req.priority,
+            after_user=c.kind == "checkpoint" and s.req.after_user)
+        if not ticket.ok:
+            if self.metrics is not None:
+                self.metrics.reuse_captures_skipped.labels(reason=ticket.refused).inc()
+            return None
+        s.tickets.append(ticket)
+        pt = self.cache.page_tokens
+        return CaptureOp(ticket, end, c.kind, ticket.slot_tier, ticket.slot,
+                         s.pages[end // pt] if copy is not None else None, copy)
 
     def schedule(self) -> RoundPlan:
         """Admit what fits, then plan one round: a decode token per decoding lane and whole prefill chunks up to the
@@ -194,6 +318,7 @@ class Scheduler:
         self._admit()
         items = [PlanItem(s, s.computed, [s.output[-1]], "last", True)
                  for s in self.running if s.state is SeqState.DECODE]
+        restores = [s.restore for s in self.running if s.restore is not None]
         budget = self.round_prefill_tokens
         prefills = sorted((s for s in self.running if s.state is SeqState.PREFILL),
                           key=lambda s: (s.req.priority is not Priority.INTERACTIVE,
@@ -202,24 +327,42 @@ class Scheduler:
             pos = s.computed
             n = len(s.req.prompt_ids)
             while pos < n:
-                end = min(n, (pos // self.chunk + 1) * self.chunk)
+                end = s.plan.chunk_end(pos)
                 if end - pos > budget:
                     break
                 budget -= end - pos
                 last = end == n
                 want = "all" if s.req.prompt_logprobs is not None else ("last" if last else "none")
-                items.append(PlanItem(s, pos, s.req.prompt_ids[pos:end], want, last))
+                cap = self._reserve_capture(s, end)
+                items.append(PlanItem(s, pos, s.req.prompt_ids[pos:end], want, last, cap))
                 pos = end
+                if cap is not None:
+                    break      # the image is taken at `end`: this sequence runs no further chunk this round
             if budget <= 0:
                 break
-        return RoundPlan(items)
+        return RoundPlan(items, restores)
 
     def update(self, plan: RoundPlan, results: list[ItemResult]) -> list:
         """Fold the runner's results into the sequences; returns TokenEvent / DoneEvent objects in order."""
         events: list = []
         now = time.monotonic()
+        store = self.cache.retained
+        for rs in plan.restores:
+            if rs.seq.restore is rs:
+                rs.seq.restore = None
+                store.touch(rs.state_id)
+                store.unpin(rs.state_id)
         for item, res in zip(plan.items, results):
             s = item.seq
+            cap = item.capture
+            if cap is not None and cap.ticket in s.tickets:
+                s.tickets.remove(cap.ticket)
+                if s.state is SeqState.FINISHED:
+                    self.cache.abort_capture(cap.ticket)
+                else:
+                    self.cache.commit_capture(cap.ticket, s.pages)
+                    if self.metrics is not None:
+                        self.metrics.reuse_captures.labels(kind=cap.kind).inc()
             if s.state is SeqState.FINISHED:
                 continue
             s.computed = item.start + len(item.token_ids)
@@ -247,6 +390,12 @@ class Scheduler:
         now = now or time.monotonic()
         if s in self.running:
             self.running.remove(s)
+        for t in s.tickets:          # captures of a round that never completed
+            self.cache.abort_capture(t)
+        s.tickets = []
+        if s.restore is not None:    # a restore that never ran
+            self.cache.retained.unpin(s.restore.state_id)
+            s.restore = None
         self.cache.release(s.rid)
         s.pages, s.slot = [], None
         s.state = SeqState.FINISHED
@@ -263,7 +412,7 @@ class Scheduler:
             queue_ms=(admitted - arrival) * 1e3, ttft_ms=((first - arrival) * 1e3) if first else 0.0,
             prefill_tokens_per_s=(s.prefilled / prefill_s) if prefill_s > 0 else 0.0,
             decode_tokens_per_s=((gen - 1) / decode_s) if decode_s > 0 and gen > 1 else 0.0,
-            prompt_logprobs=s.prompt_logprobs)
+            prompt_logprobs=s.prompt_logprobs, reuse=s.reuse)
 
     # ---- introspection ----
     def idle(self) -> bool:
@@ -283,7 +432,7 @@ class Scheduler:
     def requests(self) -> list[dict]:
         """The `status` op's per-request rows."""
         rows = [{"id": s.rid, "state": s.state.value, "prompt_tokens": len(s.req.prompt_ids),
-                 "cached_tokens": 0, "generated": len(s.output)} for s in self.running]
+                 "cached_tokens": s.resume, "generated": len(s.output)} for s in self.running]
         rows += [{"id": s.rid, "state": s.state.value, "prompt_tokens": len(s.req.prompt_ids),
                   "cached_tokens": 0, "generated": 0} for s in self.waiting]
         return rows

@@ -135,12 +135,14 @@ class DaemonProc:
             c.close()
 
     def wait_idle(self, timeout: float = 60.0) -> dict:
-        """Wait until no request runs or waits and every page is free again; returns the status."""
+        """Wait until no request runs or waits and every page is free again or held by a retained state; returns
+        the status."""
         deadline = time.monotonic() + timeout
         while True:
             st = self.status()
             kv = st["kv_pool"]
-            if not st["requests"] and kv["pages_free"] == kv["pages_total"] and kv["pages_live"] == 0:
+            if not st["requests"] and kv["pages_free"] + kv["pages_retained"] == kv["pages_total"] \
+                    and kv["pages_live"] == 0:
                 return st
             if time.monotonic() > deadline:
                 raise AssertionError(f"daemon did not return to idle: {st}")

@@ -1,0 +1,206 @@
+"""The scheduler's prompt-reuse wiring on plain ints (no torch): lookup at admission, shared pages, restore and
+capture ops, commit/abort, unpin, and the pool's accounting (DESIGN §4.1-§4.4)."""
+import pytest
+
+from ignisd.cache.manager import CacheManager
+from ignisd.cache.page_pool import PagePool
+from ignisd.cache.retained import RetainedStore, Stamp
+from ignisd.cache.state_slots import StateSlots
+from ignisd.request import DoneEvent, FinishReason, Priority, Request, SamplingParams
+from ignisd.scheduler import ItemResult, Scheduler
+
+PT = 64
+
+
+def make(pages=32, hybrid=False, host_slots=4, reuse=True, lanes=2, chunk=64, budget=256):
+    pool = PagePool(pages, PT)
+    store = None
+    if reuse:
+        store = RetainedStore(pool, Stamp("h", "fp32"), device_slots=StateSlots(0),
+                              host_slots=StateSlots(host_slots if hybrid else 0), needs_slot=hybrid)
+    cache = CacheManager(pool, 1, slots=StateSlots(lanes) if hybrid else None, retained=store)
+    return Scheduler(cache, lanes=lanes, context_tokens=4096, prefill_chunk=chunk, round_prefill_tokens=budget,
+                     max_queue=16)
+
+
+def req(rid, ids, publish=0, opener=None, max_tokens=2, **kw):
+    return Request(rid, list(ids), SamplingParams(max_tokens=max_tokens, temperature=0.0), publish=publish,
+                   opener=opener, **kw)
+
+
+def run(sched, log=None):
+    """Drive rounds until idle with a fake runner (every sampled token is 7); returns the DoneEvents by rid."""
+    done = {}
+    for _ in range(200):
+        if sched.idle():
+            break
+        plan = sched.schedule()
+        if log is not None:
+            log.append(plan)
+        res = [ItemResult(token_id=7 if it.sample else None) for it in plan.items]
+        for ev in sched.update(plan, res):
+            if isinstance(ev, DoneEvent):
+                done[ev.rid] = ev
+    assert sched.idle()
+    sched.cache.check_integrity()
+    return done
+
+
+PROMPT = list(range(1000, 1300))     # 300 tokens: publish 128, opener 250
+
+
+def test_cold_run_captures_prefix_and_checkpoint_at_chunk_ends():
+    s = make()
+    log = []
+    s.submit(req("a", PROMPT, publish=128, opener=250, after_user=True))
+    done = run(s, log)
+    assert done["a"].cached_tokens == 0 and done["a"].reuse.reason == "miss"
+    caps = [(it.start + len(it.token_ids), it.capture.kind) for p in log for it in p.items if it.capture]
+    assert caps == [(128, "prefix"), (250, "checkpoint")]
+    # chunks restart at each cut point; the capture chunk is the sequence's last of its round
+    starts = [it.start for p in log for it in p.items if it.seq.state]
+    assert 128 in starts and 250 in starts and 192 in starts
+    for p in log:
+        for it in p.items:
+            if it.capture:
+                assert it is [x for x in p.items if x.seq is it.seq][-1]
+    store = s.cache.retained
+    assert sorted((x.kind, x.n_tokens) for x in store.states()) == [("checkpoint", 250), ("prefix", 128)]
+    # the checkpoint shares the prefix's two full pages, holds a third and a private copy of its partial page
+    ck = next(x for x in store.states() if x.kind == "checkpoint")
+    pf = next(x for x in store.states() if x.kind == "prefix")
+    assert ck.pages[:2] == pf.pages and len(ck.pages) == 4
+    assert s.cache.pool.used == s.cache.retained_pages() == 4
+
+
+def test_resume_shares_full_pages_and_copies_the_partial_one():
+    s = make()
+    s.submit(req("a", PROMPT, publish=128, opener=250))
+    run(s)
+    ck = next(x for x in s.cache.retained.states() if x.kind == "checkpoint")
+    turn2 = PROMPT[:250] + list(range(5000, 5100))
+    s.submit(req("b", turn2, publish=128, opener=340))
+    seq = s.running[0]
+    assert seq.resume == seq.computed == 250 and ck.pins == 1
+    assert seq.pages[:3] == ck.pages[:3]                      # shared in place
+    assert s.cache.pool.refcount(ck.pages[0]) == 3             # prefix + checkpoint + live
+    plan = s.schedule()
+    rs = plan.restores[0]
+    assert (rs.src_page, rs.dst_page) == (ck.pages[3], seq.pages[3]) and rs.dst_page != rs.src_page
+    assert plan.items[0].start == 250                          # the first chunk starts at the resume point
+    s.update(plan, [ItemResult(token_id=7 if it.sample else None) for it in plan.items])
+    assert ck.pins == 0 and not s.schedule().restores
+    done = run(s)
+    assert done["b"].cached_tokens == 250 and done["b"].prefilled_tokens == 100
+    assert (done["b"].reuse.kind, done["b"].reuse.tier, done["b"].reuse.reason) == ("checkpoint", "device", None)
+
+
+def test_cache_prompt_false_and_prompt_logprobs_neither_restore_nor_capture():
+    s = make()
+    s.submit(req("a", PROMPT, publish=128, opener=250, cache_prompt=False))
+    assert run(s)["a"].reuse.reason == "reuse_off" and len(s.cache.retained) == 0
+    s.submit(req("b", PROMPT, publish=128, opener=250))
+    run(s)
+    s.submit(req("c", PROMPT, publish=128, opener=250, prompt_logprobs=1))
+    d = run(s)["c"]
+    assert d.cached_tokens == 0 and d.reuse.reason == "prompt_logprobs"
+    off = make(reuse=False)
+    off.submit(req("d", PROMPT, publish=128, opener=250))
+    assert run(off)["d"].reuse.reason == "reuse_off"
+
+
+def test_miss_reports_cut_reason_and_candidate():
+    s = make()
+    s.submit(req("a", PROMPT, publish=0, opener=250, cut_reason="below_page"))
+    run(s)
+    other = PROMPT[:100] + [1] + PROMPT[101:]
+    s.submit(req("b", other, publish=0, opener=250, cut_reason="below_page"))
+    d = run(s)["b"]
+    assert d.reuse.reason == "below_page" and d.reuse.candidate_common == 100
+    assert d.reuse.candidate_kind == "checkpoint" and len(d.reuse.candidate_tokens) == 250
+
+
+def test_cancel_before_the_round_unpins_and_a_failed_round_aborts_captures():
+    s = make()
+    s.submit(req("a", PROMPT, publish=128, opener=250))
+    run(s)
+    ck = next(x for x in s.cache.retained.states() if x.kind == "checkpoint")
+    s.submit(req("b", PROMPT[:250] + [9] * 90, publish=128, opener=None))
+    assert ck.pins == 1
+    s.cancel(s.running[0].rid, FinishReason.CANCELLED)
+    assert ck.pins == 0
+    s.cache.check_integrity()
+    # a round whose captures were reserved but never committed (the forward failed): cancel aborts them
+    s.cache.retained.reset()
+    s.submit(req("c", PROMPT, publish=128, opener=250))
+    plan = s.schedule()
+    assert any(it.capture for it in plan.items)
+    s.cancel("c", FinishReason.CANCELLED)
+    assert len(s.cache.retained) == 0 and s.cache.pool.used == 0
+    s.cache.check_integrity()
+
+
+def test_hybrid_captures_take_retained_slots_and_skip_when_none():
+    s = make(hybrid=True, host_slots=1)
+    s.submit(req("a", PROMPT, publish=128, opener=250))
+    log = []
+    run(s, log)
+    caps = [it.capture for p in log for it in p.items if it.capture]
+    assert [c.kind for c in caps] == ["prefix", "checkpoint"]
+    assert all(c.slot_tier == "host" for c in caps) and caps[1].copy_page is not None
+    # one slot: the newer checkpoint took the prefix's slot (the prefix ranked below it and was dropped)
+    (st,) = s.cache.retained.states()
+    assert st.kind == "checkpoint" and st.slot == caps[1].slot
+    # an agent request's captures cannot displace an interactive state: skipped, and the request runs normally
+    log = []
+    s.submit(req("x", list(range(9000, 9300)), publish=128, opener=250, priority=Priority.AGENT))
+    assert run(s, log)["x"].generated_tokens == 2
+    assert not any(it.capture for p in log for it in p.items)
+    assert s.cache.retained.states() == [st]
+    s.submit(req("b", PROMPT[:250] + [3] * 50, publish=128, opener=None))
+    plan = s.schedule()
+    rs = plan.restores[0]
+    assert (rs.slot_tier, rs.slot) == ("host", st.slot) and rs.src_page == st.pages[3]
+    s.update(plan, [ItemResult(token_id=7 if it.sample else None) for it in plan.items])
+    assert run(s)["b"].cached_tokens == 250
+
+
+def test_admission_evicts_retained_state_rather_than_refusing():
+    s = make(pages=8)
+    s.submit(req("a", PROMPT, publish=128, opener=250))
+    run(s)
+    assert s.cache.pool.free == 4
+    s.submit(req("b", list(range(7000, 7400)), max_tokens=40))   # 7 pages: needs retained pages back
+    assert s.running and s.running[0].rid == "b"
+    run(s)
+
+
+@pytest.mark.parametrize("publish,opener,n", [(64, 127, 200), (64, 129, 200), (128, 191, 193), (0, 64, 65)])
+def test_resume_never_reaches_the_last_prompt_token(publish, opener, n):
+    s = make()
+    ids = list(range(n))
+    s.submit(req("a", ids, publish=publish, opener=opener))
+    run(s)
+    s.submit(req("b", ids, publish=publish, opener=opener))
+    d = run(s)["b"]
+    assert 0 < d.cached_tokens < n and d.prefilled_tokens == n - d.cached_tokens
+
+
+def test_burst_waits_for_the_first_to_publish_the_shared_block():
+    s = make(lanes=4)
+    block = list(range(2000, 2128))
+    s.submit(req("a", block + list(range(100)), publish=128, opener=None))
+    for i in range(3):
+        s.submit(req(f"b{i}", block + [50 + i] * (10 + 40 * i), publish=128, opener=None))
+    assert [x.rid for x in s.running] == ["a"] and len(s.waiting) == 3
+    done = run(s)
+    assert done["a"].cached_tokens == 0
+    for i in range(3):
+        d = done[f"b{i}"]
+        assert (d.cached_tokens, d.reuse.kind) == (128, "prefix")
+    # with cache_prompt false a request does not wait
+    s.cache.retained.reset()
+    s.submit(req("c", block + list(range(100)), publish=128, opener=None))
+    s.submit(req("d", block + [1] * 5, publish=128, opener=None, cache_prompt=False))
+    assert [x.rid for x in s.running] == ["c", "d"]
+    run(s)
