@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         run(daemon.run())
     except StartupError as e:
         print(f"ignisd: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
     return 0
 
 

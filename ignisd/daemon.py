@@ -37,7 +37,14 @@ OUTPUT_FAMILIES = {"qwen3_5": "qwen3_5", "qwen3_next": "qwen3"}
 
 
 class StartupError(Exception):
-    """The daemon cannot start; the message says why and what to change."""
+    """The daemon cannot start; the message says why and what to change.
+
+    exit_code: 2 when a configuration value is refused (as for ConfigError), 1 for anything else.
+    """
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def sd_notify(state: str) -> None:
@@ -69,7 +76,8 @@ def choose_kv_format(cfg: Config, spec) -> str:
     """model.kv_format, or the default of DESIGN §6 (fp32 on the CPU). Raises StartupError for hq-e8-2b (not yet)."""
     fmt = cfg.model.kv_format or "fp32"
     if fmt == "hq-e8-2b":
-        raise StartupError("model.kv_format = 'hq-e8-2b' is not available in this build; allowed: fp32, bf16")
+        raise StartupError("model.kv_format = 'hq-e8-2b' is not available in this build; allowed: fp32, bf16",
+                           exit_code=2)
     get_kv_format(fmt)
     return fmt
 
@@ -91,6 +99,17 @@ def plan_pool_pages(cfg: Config, spec, fmt: str, context: int) -> int:
         raise StartupError(f"vram.kv_pool_bytes holds no whole page (a page is {page_bytes} bytes = "
                            f"{PAGE_TOKENS} tokens); raise it")
     return int(pages)
+
+
+def _socket_gid(group: str | None) -> int | None:
+    """The gid of server.socket_group (None when unset). Raises StartupError (exit 2) for an unknown group."""
+    if not group:
+        return None
+    import grp
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise StartupError(f"server.socket_group {group!r}: no such group", exit_code=2) from None
 
 
 def prepare_socket(path: str, mode: int) -> None:
@@ -115,9 +134,16 @@ class Daemon:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         prepare_socket(cfg.server.socket, cfg.server.socket_mode)  # refuse before the slow model load
+        self.socket_gid = _socket_gid(cfg.server.socket_group)
+        if cfg.model.kv_format == "hq-e8-2b":
+            choose_kv_format(cfg, None)  # refused before the slow model load
         t0 = time.monotonic()
         torch.set_num_threads(cfg.effective_threads())
-        self.loaded = load_model(cfg.model.path)
+        try:
+            self.loaded = load_model(cfg.model.path)
+        except (OSError, ValueError, KeyError) as e:
+            where = cfg.model.path or "the built-in model"
+            raise StartupError(f"model.path {where}: cannot load: {e}") from None
         spec = self.loaded.spec
         src = self.loaded.source
         self.tokenizer = Tokenizer.from_gguf(src) if self.loaded.kind == "gguf" else Tokenizer.from_dir(src)
@@ -188,25 +214,42 @@ class Daemon:
                  load_ms=f"{(time.monotonic() - t0) * 1e3:.0f}")
 
     async def run(self) -> None:
-        """Serve until SIGTERM/SIGINT; then stop accepting, let the round in flight end, and remove the socket."""
+        """Serve until SIGTERM/SIGINT; then stop accepting, give running requests server.shutdown_grace_s to
+        finish (a second signal ends the wait), cancel what is left (each ends with a `done` reply, finish_reason
+        cancelled), and remove the socket."""
         loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
+        stop, hurry = asyncio.Event(), asyncio.Event()
+
+        def on_signal() -> None:
+            (hurry if stop.is_set() else stop).set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         path = self.cfg.server.socket
         prepare_socket(path, self.cfg.server.socket_mode)
         engine_task = asyncio.create_task(self.engine.run())
         await self.server.start(path)
         os.chmod(path, self.cfg.server.socket_mode)
-        if self.cfg.server.socket_group:
-            import grp
-            os.chown(path, -1, grp.getgrnam(self.cfg.server.socket_group).gr_gid)
+        if self.socket_gid is not None:
+            os.chown(path, -1, self.socket_gid)
         get_logger("srv").info("listening", socket=path, pid=os.getpid())
         sd_notify("READY=1")
         await stop.wait()
         sd_notify("STOPPING=1")
-        get_logger("srv").info("stopping")
+        srv_log = get_logger("srv")
+        srv_log.info("stopping", running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+                     grace_s=self.cfg.server.shutdown_grace_s)
+        self.server.stop_listening()
+        deadline = loop.time() + self.cfg.server.shutdown_grace_s
+        while not self.scheduler.idle() and loop.time() < deadline and not hurry.is_set():
+            await asyncio.sleep(0.05)
+        if not self.scheduler.idle():
+            srv_log.warning("shutdown_cancel", requests=self.engine.cancel_all())
+            deadline = loop.time() + 5
+            while not self.scheduler.idle() and loop.time() < deadline:
+                await asyncio.sleep(0.02)
         await self.server.close()
         self.engine.stop()
         await engine_task
         Path(path).unlink(missing_ok=True)
+        srv_log.info("stopped")

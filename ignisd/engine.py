@@ -60,6 +60,13 @@ class Engine:
         self._wake.set()
         return True
 
+    def cancel_all(self) -> int:
+        """Cancel every request in flight (shutdown); returns how many were asked to end."""
+        rids = list(self._handles)
+        for rid in rids:
+            self.cancel(rid)
+        return len(rids)
+
     def stop(self) -> None:
         """Make `run()` return after the round in flight."""
         self._stopping = True

@@ -6,7 +6,6 @@ completion op becomes token ids and a Request; the engine's token events come ba
 """
 from __future__ import annotations
 
-import time
 
 from dataclasses import dataclass
 
@@ -157,7 +156,6 @@ class Handlers:
 
     def tokenize(self, op) -> dict:
         """The `tokenize` op's result: tokens, offsets, text, and for chat bodies message spans and cut points."""
-        messages = None
         if op.text is not None:
             text = op.text
         else:

@@ -93,9 +93,12 @@ class Connection:
             self.closed = True
             for cid in list(self.rids):
                 self.server.engine.cancel(self.rids[cid])
-            for t in list(self.inflight.values()):
-                if not t.done():
-                    await asyncio.wait([t], timeout=5)
+            pending = [t for t in self.inflight.values() if not t.done()]
+            if pending:
+                try:
+                    await asyncio.wait(pending, timeout=5)
+                except asyncio.CancelledError:  # the loop is shutting down: nothing left to wait for
+                    pass
             try:
                 self.writer.close()
             except RuntimeError:
@@ -174,10 +177,19 @@ class Server:
         """Bind and listen on `socket_path` (the caller prepared the path and sets its mode)."""
         self._server = await asyncio.start_unix_server(self._on_connect, path=socket_path, limit=1 << 20)
 
-    async def close(self) -> None:
-        """Stop listening and close every connection."""
+    def stop_listening(self) -> None:
+        """Accept no new connections (connections already open keep being served)."""
         if self._server is not None:
             self._server.close()
+
+    async def close(self) -> None:
+        """Stop listening, let pending replies drain, and close every connection."""
+        self.stop_listening()
+        for conn in list(self.connections):
+            try:
+                await asyncio.wait_for(conn.writer.drain(), timeout=2)
+            except (asyncio.TimeoutError, ConnectionError, RuntimeError):
+                pass
         for conn in list(self.connections):
             try:
                 conn.writer.close()

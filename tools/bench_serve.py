@@ -13,15 +13,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import DaemonProc, smollm_gguf  # noqa: E402  (the tests' daemon launcher and model locator)
+from daemon_support import DaemonProc, smollm_gguf  # noqa: E402  (the tests' daemon launcher and model locator)
 
 TEXT = (Path(__file__).resolve().parents[1] / "README.md").read_text() * 40
 

@@ -26,131 +26,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 
 from ignisd.cache.page_pool import IntegrityError, PagePool
-from ignisd.cache.prefix_index import Candidate, ImageSpan, PrefixIndex, normalize_spans
+from ignisd.cache.prefix_index import Candidate, ImageSpan, PrefixIndex, normalize_spans  # noqa: F401
+from ignisd.cache.retained_state import (  # noqa: F401  (re-exported: callers import these from ignisd.cache.retained)
+    DEFAULT_INTERACTIVE_TTL,
+    KINDS,
+    PRIORITIES,
+    REASON_MISS,
+    REASON_STAMP,
+    REFUSED_DUPLICATE,
+    REFUSED_NO_SLOT,
+    SLOT_TIERS,
+    TIERS,
+    CaptureTicket,
+    CommitResult,
+    LookupResult,
+    RetainedState,
+    Stamp,
+    _priority,
+)
 from ignisd.cache.state_slots import StateSlots
-
-KINDS = ("prefix", "checkpoint")
-TIERS = ("device", "ram", "disk")
-SLOT_TIERS = ("device", "host")
-PRIORITIES = ("interactive", "agent")
-DEFAULT_INTERACTIVE_TTL = 300.0
-
-# ReserveResult.refused / LookupResult.reason values
-REFUSED_NO_SLOT = "no_slot"
-REFUSED_DUPLICATE = "duplicate"
-REASON_MISS = "miss"
-REASON_STAMP = "stamp_mismatch"
-
-
-def _priority(p) -> str:
-    p = getattr(p, "value", p)          # ignisd.request.Priority is a str enum
-    if p not in PRIORITIES:
-        raise ValueError(f"priority {p!r} not one of {PRIORITIES}")
-    return p
-
-
-@dataclass(frozen=True)
-class Stamp:
-    """What a retained state was computed by: the model's structural hash, the KV format, the drafter ("none")."""
-
-    structural_hash: str
-    kv_format: str
-    drafter: str = "none"
-
-
-@dataclass
-class RetainedState:
-    """One retained prefix or prompt checkpoint.
-
-    id: the store's key ("ret-N"). kind: "prefix" | "checkpoint". tokens: the token ids it covers (its position is
-    len(tokens)). image_spans: [(start, end, sha256 hex)] of the images in them. pages: KV page ids in position order
-    (pages_for(len(tokens)) of them while tier == "device"; never written). slot: retained image slot id, or None on
-    an all-attention model. slot_tier: "device" | "host" | None (which retained-slot pool the slot is in).
-    priority: "interactive" | "agent". created, last_use: clock seconds. tier: "device" | "ram" | "disk" (where
-    its pages are). stamp: see Stamp. after_user: a checkpoint taken right after a real user message. pins:
-    lookups restoring from it (a pinned state is never dropped). doomed: dropped while pinned: out of the index,
-    freed at the last unpin.
-    """
-
-    id: str
-    kind: str
-    tokens: tuple[int, ...]
-    image_spans: tuple[ImageSpan, ...]
-    pages: list[int]
-    slot: int | None
-    slot_tier: str | None
-    priority: str
-    created: float
-    last_use: float
-    stamp: Stamp
-    tier: str = "device"
-    after_user: bool = False
-    pins: int = 0
-    doomed: bool = False
-
-    @property
-    def n_tokens(self) -> int:
-        """Its position: the number of tokens it covers."""
-        return len(self.tokens)
-
-    @property
-    def image_digests(self) -> tuple[str, ...]:
-        """The SHA-256 digests of its images, in position order."""
-        return tuple(d for _, _, d in self.image_spans)
-
-
-@dataclass
-class CaptureTicket:
-    """The answer of ``reserve_capture``. refused: None, "no_slot" or "duplicate" (then nothing is held and the
-    ticket needs neither commit nor abort). slot / slot_tier: the retained slot the runner copies the image into.
-    dropped: ids of the states dropped to free that slot."""
-
-    id: str
-    kind: str
-    tokens: tuple[int, ...]
-    image_spans: tuple[ImageSpan, ...]
-    priority: str
-    after_user: bool
-    stamp: Stamp
-    slot: int | None = None
-    slot_tier: str | None = None
-    refused: str | None = None
-    dropped: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.refused is None
-
-
-@dataclass
-class CommitResult:
-    """The answer of ``commit``: the state now retained (an older identical one when ``duplicate``), and the ids of
-    the states the conversation rule dropped (or doomed, when pinned)."""
-
-    state: RetainedState
-    duplicate: bool = False
-    dropped: list[str] = field(default_factory=list)
-
-
-@dataclass
-class LookupResult:
-    """The answer of ``lookup``.
-
-    state: the matched state (pinned when the lookup pinned) or None. matched_tokens: its length (0 on a miss).
-    reason: None on a hit, else "miss" or "stamp_mismatch" (the only matches had another stamp; none was touched).
-    candidate: the state sharing the longest common prefix with the prompt without being a prefix of it — on a miss
-    whatever it shares (0 tokens included), on a hit only when it shares more than the match — else None
-    (``ignis.reuse.best_candidate`` / ``diverged_at``). candidate_state: its RetainedState.
-    """
-
-    state: RetainedState | None
-    matched_tokens: int
-    reason: str | None
-    candidate: Candidate | None = None
-    candidate_state: RetainedState | None = None
 
 
 class RetainedStore:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 import ignis_kernels.attention as kattn
 from ignisd.cache.device_pages import DevicePages

@@ -4,11 +4,9 @@ import os
 import stat
 import subprocess
 import sys
-import threading
 
 import pytest
 
-from conftest import RawConn
 
 
 def _chat(rid, content="Hello there", **kw):
@@ -178,7 +176,7 @@ def test_stale_socket_file_is_replaced(start_daemon, tiny_llama_dir, tmp_path):
     import tempfile
     from pathlib import Path
 
-    from conftest import DaemonProc
+    from daemon_support import DaemonProc
     d = Path(tempfile.mkdtemp(prefix="ignis-stale-", dir="/tmp"))
     stale = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
     stale.bind(str(d / "ignisd.sock"))          # a socket file nobody listens on (a crashed daemon's)
@@ -191,3 +189,36 @@ def test_stale_socket_file_is_replaced(start_daemon, tiny_llama_dir, tmp_path):
     finally:
         assert proc.stop() == 0
     assert not (d / "ignisd.sock").exists()      # a clean stop removes the socket
+
+
+def test_sigterm_mid_stream_ends_requests_cleanly(start_daemon, tiny_llama_dir):
+    """SIGTERM gives running requests server.shutdown_grace_s, then cancels the rest: the client still gets its
+    `done` (finish_reason cancelled) and the daemon exits 0 and removes its socket."""
+    import signal
+    from pathlib import Path
+    d = start_daemon(["--model", str(tiny_llama_dir), "--model-context-tokens", "1024", "--vram-kv-pool-bytes",
+                      "2Ktok", "--lanes", "2", "--server-shutdown-grace-s", "0.3"])
+    c = d.conn()
+    c.send(_chat("long", max_tokens=900, stream=True))
+    assert c.recv()["type"] == "delta"
+    d.proc.send_signal(signal.SIGTERM)
+    deltas, done = c.until_done("long")
+    assert done["type"] == "done" and done["finish_reason"] == "cancelled"
+    assert 1 <= done["usage"]["completion_tokens"] < 900
+    assert d.proc.wait(30) == 0
+    assert not Path(d.socket).exists()
+    log = d.log()
+    assert "shutdown_cancel" in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["--model", "/nonexistent/model.gguf"], 1, "model.path /nonexistent/model.gguf"),
+    (["--model-kv-format", "hq-e8-2b"], 2, "hq-e8-2b"),
+    (["--server-socket-group", "no-such-group-xyz"], 2, "server.socket_group"),
+])
+def test_startup_errors_are_one_clean_line(args, code, needle, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ignisd", "serve", "--socket", str(tmp_path / "s.sock"), *args],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == code, r.stderr
+    assert needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "s.sock").exists()

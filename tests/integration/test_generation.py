@@ -1,7 +1,5 @@
 """Generation over the socket: streaming, stop strings, seeds, status schema, metrics (tiny random Llama)."""
-import threading
 
-from conftest import RawConn
 
 
 def _completion(rid, prompt, **kw):

@@ -3,7 +3,6 @@ vocabulary, tokenizer and chat template; live state slots; tools and reasoning i
 against transformers on the same weights."""
 import json
 
-import pytest
 import torch
 
 TOOLS = [{"type": "function", "function": {

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from conftest import RawConn
+from daemon_support import RawConn
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city, with an optional number of days ahead",

@@ -3,8 +3,8 @@ import pytest
 
 from ignisd.cache.manager import CacheManager
 from ignisd.cache.page_pool import IntegrityError, PagePool, PoolExhausted
-from ignisd.request import FinishReason, Priority, Request, SamplingParams, TokenEvent, DoneEvent
-from ignisd.scheduler import AdmissionError, ItemResult, QueueFull, Scheduler, SeqState
+from ignisd.request import DoneEvent, FinishReason, Priority, Request, SamplingParams
+from ignisd.scheduler import AdmissionError, ItemResult, QueueFull, Scheduler
 
 
 def test_alloc_release_refcounts():
