@@ -33,7 +33,9 @@ class Engine:
         self._wake = asyncio.Event()
         self._handles: dict[str, asyncio.Queue] = {}
         self._last_token_at: dict[str, float] = {}
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ignis-forward")
+        # torch's intra-op thread count is per OS thread under OpenMP: the worker sets its own (Runner.init_thread)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ignis-forward",
+                                            initializer=getattr(runner, "init_thread", None))
         self._stopping = False
         self.rounds = 0
         self.integrity_checks = 0

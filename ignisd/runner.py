@@ -38,10 +38,18 @@ class Runner:
     def __init__(self, model, kv: DevicePages, states=None, retained_states: dict | None = None):
         self.model = model
         self.kv = kv
+        self.threads = torch.get_num_threads()
         self.states = states
         self.retained_states = retained_states or {}
         self.page_tokens = kv.page_tokens
         self._gens: dict[str, torch.Generator] = {}
+
+    def init_thread(self) -> None:
+        """Run once in the forward worker thread: give it the process's torch thread count (server.threads).
+
+        OpenMP keeps the thread count per OS thread, so a worker started with OMP_NUM_THREADS=1 in the environment
+        would otherwise run every forward on one core whatever torch.set_num_threads() said in the main thread."""
+        torch.set_num_threads(self.threads)
 
     def forget(self, rid: str) -> None:
         """Drop the sampling generator of a finished request."""
