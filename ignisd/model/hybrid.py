@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from ignisd.cache.device_pages import DevicePages
 from ignisd.model.attention import Attention, AttentionPlan
 from ignisd.model.batch import ForwardBatch
-from ignisd.model.layers import MLP, Rotary, rms_norm, take_weight
+from ignisd.model.layers import MLP, Rotary, distinct_bytes, rms_norm, take_weight
 from ignisd.model.spec import ModelSpec
 
 
@@ -89,16 +89,12 @@ class Model:
     @property
     def weight_bytes(self) -> int:
         """Bytes of all distinct weight tensors (the tied head counted once)."""
-        seen: dict[int, int] = {}
         ts = [self.embed, self.norm, self.lm_head]
         for layer in self.layers:
             a, m = layer.attn, layer.mlp
             ts += [a.w_qkv_t, a.w_o_t, a.b_qkv, a.b_o, m.w_gate_up_t, m.w_down_t, m.b_gate_up, m.b_down,
                    layer.in_norm, layer.post_norm]
-        for t in ts:
-            if t is not None:
-                seen[t.data_ptr()] = t.numel() * t.element_size()
-        return sum(seen.values())
+        return distinct_bytes(ts)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: DevicePages, states=None) -> torch.Tensor:

@@ -27,6 +27,16 @@ def take_weight(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, .
     return t
 
 
+def distinct_bytes(tensors) -> int:
+    """Bytes of the distinct tensors among `tensors` (None entries skipped; a tensor shared twice, such as a tied
+    embedding and head, counted once by storage pointer)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is not None:
+            seen[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
 def linear_t(x: torch.Tensor, w_t: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """x @ w_t (+ b): a linear layer whose weight is stored transposed, w_t [in, out] contiguous.
 

@@ -24,7 +24,7 @@ from ignisd.model.batch import ForwardBatch
 from ignisd.model.gated_attention import GatedAttention, rms_norm_1p, zero_centred_norm_weight
 from ignisd.model.gdn import GatedDeltaNet, GDNPlan
 from ignisd.model.hybrid_weights import expert_tensors
-from ignisd.model.layers import MLP, Rotary, take_weight
+from ignisd.model.layers import MLP, Rotary, distinct_bytes, take_weight
 from ignisd.model.moe import SparseMoE, module_tensors
 from ignisd.model.spec import ModelSpec
 
@@ -129,16 +129,12 @@ class HybridModel:
     @property
     def weight_bytes(self) -> int:
         """Bytes of all distinct weight tensors (the tied head counted once)."""
-        seen: dict[int, int] = {}
         ts = [self.embed, self.norm, self.lm_head]
         for layer in self.layers:
             mlp = layer.mlp
             ts += [*layer.mixer.tensors, *(mlp.tensors if isinstance(mlp, SparseMoE) else module_tensors(mlp)),
                    layer.in_norm, layer.post_norm]
-        for t in ts:
-            if t is not None:
-                seen[t.data_ptr()] = t.numel() * t.element_size()
-        return sum(seen.values())
+        return distinct_bytes(ts)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: DevicePages, states=None) -> torch.Tensor:

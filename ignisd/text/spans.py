@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol, Sequence
 
+from ignis_client.divergence import first_divergence
+
 PROBE_CONTENT = "\ue000\ue001"          # private-use characters: never in a real prompt, never trimmed
 MARKERS = ("<|im_start|>", "<|start_header_id|>", "<start_of_turn>")   # message-start markers, by template family
 
@@ -81,18 +83,9 @@ class Spans:
 
 
 def _lcp(a: str, b: str) -> int:
-    """Length of the longest common prefix of two strings."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n            # invariant: a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    """Length of the longest common prefix of `a` and `b` (characters)."""
+    d = first_divergence(a, b)
+    return len(a) if d is None else d
 
 
 def _content_within(message: dict, text: str, lo: int, hi: int) -> bool:
