@@ -104,7 +104,8 @@ class Handlers:
             msgs = prepare_messages(op.messages, self.developer_policy)
         except ValueError as e:
             field, _, msg = str(e).partition(": ")
-            raise P.ProtocolError("bad_request", msg or str(e), field if msg else "messages") from None
+            raise P.ProtocolError(getattr(e, "code", "bad_request"), msg or str(e),
+                                  field if msg else "messages") from None
         if op.tools and not self.template.uses("tools"):
             raise P.ProtocolError("model_unsupported", "this model's chat template does not render tools", "tools")
         return msgs

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import replace
 
 from ignisd.cache.manager import CacheManager
 from ignisd.plan import (  # noqa: F401  (re-exported: callers import these from ignisd.scheduler)
@@ -64,6 +65,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.finished_events: list = []
+        self._held_long = False      # the last round ran only the prefills that ended in it
 
     # ---- commands ----
     def check(self, req: Request) -> None:
@@ -163,8 +165,23 @@ class Scheduler:
         if lk.state is not None:
             return ReuseInfo(tier=lk.state.tier, kind=lk.state.kind, cached_tokens=lk.matched_tokens, reason=None,
                              **extra)
-        reason = lk.reason if lk.reason != "miss" else (req.cut_reason or "miss")
-        return ReuseInfo(reason=reason, **extra)
+        return ReuseInfo(reason=self._miss_reason(req, lk.reason), **extra)
+
+    def _miss_reason(self, req: Request, found: str) -> str:
+        """Why a lookup that restored nothing missed (``ignis.reuse.reason``, DESIGN §5), most specific first:
+        stamp_mismatch (only states of another stamp matched); short (the prompt has at most one page of tokens: no
+        retained state, at least a page long, can leave a token of it to prefill, and it captures nothing); no_slot
+        (a hybrid model with no retained slot at all can keep no image, so nothing is ever retained); the prompt's
+        missing cut (cut_unaligned, below_page); else miss. A miss whose own capture is then refused for want of a
+        slot is re-labelled no_slot when that happens (``_reserve_capture``)."""
+        if found != "miss":
+            return found
+        store = self.cache.retained
+        if len(req.prompt_ids) <= self.cache.page_tokens:
+            return "short"
+        if store.needs_slot and not any(p.total for p in store.slot_pools.values()):
+            return "no_slot"
+        return req.cut_reason or "miss"
 
     def _pending_capture(self, s: Sequence) -> int:
         """The longest capture point that a running prefill has yet to reach and whose tokens start `s`'s prompt
@@ -193,6 +210,8 @@ class Scheduler:
         if not ticket.ok:
             if self.metrics is not None:
                 self.metrics.reuse_captures_skipped.labels(reason=ticket.refused).inc()
+            if ticket.refused == "no_slot" and s.reuse is not None and s.reuse.reason == "miss":
+                s.reuse = replace(s.reuse, reason="no_slot")
             return None
         s.tickets.append(ticket)
         pt = self.cache.page_tokens
@@ -210,6 +229,7 @@ class Scheduler:
         prefills = sorted((s for s in self.running if s.state is SeqState.PREFILL),
                           key=lambda s: (s.req.priority is not Priority.INTERACTIVE,
                                          len(s.req.prompt_ids) - s.computed, s.req.arrival))
+        prefills = self._first_token_round(prefills)
         for s in prefills:
             pos = s.computed
             n = len(s.req.prompt_ids)
@@ -228,6 +248,34 @@ class Scheduler:
             if budget <= 0:
                 break
         return RoundPlan(items, restores)
+
+    def _finishes_now(self, s: Sequence, budget: int) -> bool:
+        """Whether `s`'s whole remaining prefill fits in `budget` tokens with no capture point left to stop at."""
+        rest = len(s.req.prompt_ids) - s.computed
+        if rest > budget:
+            return False
+        return not (self._capturing(s) and any(c.pos > s.computed for c in s.plan.captures))
+
+    def _first_token_round(self, prefills: list[Sequence]) -> list[Sequence]:
+        """The prefills this round runs (head-of-line blocking, DESIGN §6 server.round_prefill_tokens).
+
+        A round in which a prefill ends (its request gets its first token) runs only the prefills that end in it, so
+        a short request that arrives while a long prompt is being prefilled waits for at most the round in flight
+        plus a round of its own size, not a full-budget round. The long prefill loses that round, never two in a
+        row (the next round gives it the budget again), so a stream of short arrivals slows it by at most half."""
+        if self._held_long:
+            self._held_long = False
+            return prefills
+        budget = self.round_prefill_tokens
+        ending = []
+        for s in prefills:
+            if self._finishes_now(s, budget):
+                ending.append(s)
+                budget -= len(s.req.prompt_ids) - s.computed
+        if ending and len(ending) < len(prefills):
+            self._held_long = True
+            return ending
+        return prefills
 
     def update(self, plan: RoundPlan, results: list[ItemResult]) -> list:
         """Fold the runner's results into the sequences; returns TokenEvent / DoneEvent objects in order."""

@@ -38,10 +38,11 @@ class MessageError(ValueError):
     """A request message is malformed. ``field`` is its path (``messages[1].content[0].type``);
     ``str(err)`` is ``"field: message"``."""
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str, code: str = "bad_request"):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        self.code = code      # the wire error code: bad_request, or model_unsupported for a part no model here reads
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -183,13 +184,33 @@ def _content_text(content, field: str) -> str:
         if not isinstance(part, dict):
             raise MessageError(where, "must be an object")
         kind = part.get("type")
+        if kind == "image_url":
+            _check_image_part(part, where)
+            raise MessageError(where, "image parts need a model with a vision tower; this model reads text only",
+                               code="model_unsupported")
         if kind != "text":
-            raise MessageError(f"{where}.type", f"unsupported content part type {kind!r} (only 'text')")
+            raise MessageError(f"{where}.type", f"unsupported content part type {kind!r} (allowed: text, image_url)")
         text = part.get("text")
         if not isinstance(text, str):
             raise MessageError(f"{where}.text", "must be a string")
         texts.append(text)
     return "".join(texts)
+
+
+def _check_image_part(part: dict, where: str) -> None:
+    """An OpenAI image part: ``{"type": "image_url", "image_url": {"url": "data:image/...;base64,..." | "https://...",
+    "detail"?: "auto" | "low" | "high"}}`` (OpenAI Chat Completions API, content parts). Raises MessageError naming the
+    bad field."""
+    img = part.get("image_url")
+    if not isinstance(img, dict):
+        raise MessageError(f"{where}.image_url", "must be an object with a url")
+    url = img.get("url")
+    if not isinstance(url, str) or not url:
+        raise MessageError(f"{where}.image_url.url", "must be a non-empty string (a data: URL or an http(s) URL)")
+    if not url.startswith(("data:image/", "http://", "https://")):
+        raise MessageError(f"{where}.image_url.url", "must be a data:image/... URL or an http(s) URL")
+    if img.get("detail") not in (None, "auto", "low", "high"):
+        raise MessageError(f"{where}.image_url.detail", "must be one of auto, low, high")
 
 
 def _tool_calls(calls, field: str) -> list:

@@ -34,6 +34,11 @@ def _chat(rid, content="Hello there", **kw):
      "context_length", "max_tokens"),
     (b'{"id": "x", "op": "completion", "prompt": [1, 2, 99999999]}', "bad_request", "prompt[2]"),
     (b'{"id": "x", "op": "completion", "prompt": "hi", "prompt_logprobs": 50}', "bad_request", "prompt_logprobs"),
+    (b'{"id": "x", "op": "chat", "messages": [{"role": "user", "content": [{"type": "text", "text": "what?"}, '
+     b'{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]}', "model_unsupported",
+     "messages[0].content[1]"),
+    (b'{"id": "x", "op": "chat", "messages": [{"role": "user", "content": [{"type": "image_url", '
+     b'"image_url": {"url": 7}}]}]}', "bad_request", "messages[0].content[0].image_url.url"),
 ])
 def test_bad_input_gets_named_error(tiny_daemon, line, code, field):
     c = tiny_daemon.conn()

@@ -158,14 +158,20 @@ def test_turns_resume_when_template_drops_reasoning_hybrid(qwen_daemon):
 
 # ---------------------------------------------------------------- (b) subagent bursts share the retained prefix
 
+def _block_end(c, m: dict, tools=None) -> int | None:
+    """The token position where the system (+ tools) block of [m, user] ends (None: no token starts there)."""
+    tk = cuts(c, [m, {"role": "user", "content": "x"}], tools)
+    end = tk["messages"][0]["end"]
+    return next((i for i, o in enumerate(tk["offsets"]) if o[0] == end), None)
+
+
 def _system_of_tokens(c, target: int, tools=None) -> tuple[dict, int]:
     """A system message whose block ends at token `target` (the publish character's token), found by search."""
-    for n in range(max(1, target // 2 - 20), target + 40):
+    lo = target // 2 - 20 if tools is None else target - _block_end(c, {"role": "system", "content": "A"}, tools) - 25
+    for n in range(max(1, lo), target + 40):
         for salt in range(3):
             m = {"role": "system", "content": f"Agent brief {salt}. " + words(n, salt)}
-            tk = cuts(c, [m, {"role": "user", "content": "x"}], tools)
-            end = tk["messages"][0]["end"]
-            pos = next((i for i, o in enumerate(tk["offsets"]) if o[0] == end), None)
+            pos = _block_end(c, m, tools)
             if pos == target:
                 return m, pos
             if pos is not None and pos > target + 3:
@@ -207,6 +213,41 @@ def test_burst_with_tools_hybrid(qwen_daemon):
     settle(qwen_daemon)
 
 
+@pytest.fixture(scope="module")
+def qwen_wide(start_daemon, tiny_qwen35_real_dir):
+    """The tiny Qwen3.5 hybrid with room for a burst of long subagent prompts: 4 lanes, context 4,096, 32K KV tokens, 4 retained
+    slots per lane."""
+    return start_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "4", "--vram-kv-pool-bytes", "32Ktok",
+                         "--model-context-tokens", "4096", "--reuse-host-slots-per-lane", "4"])
+
+
+@pytest.mark.parametrize("page,delta", [(1, -1), (1, 0), (1, 1), (2, -1), (2, 0), (2, 1)])
+def test_burst_suffix_sweep_with_tools_hybrid(qwen_wide, page, delta):
+    """A burst of 8 subagents sharing a system + tools block that ends ±1 token around a multiple of 64, with user
+    messages of 1 to 1,500 tokens: every one after the first resumes from the retained prefix (the block rounded
+    down to a whole page), whatever the length of its own suffix."""
+    c = fresh(qwen_wide)
+    least = _block_end(c, {"role": "system", "content": "A"}, TOOLS)     # the tools alone take a few pages
+    target = (-(-least // 64) + page) * 64 + delta
+    sysm, end = _system_of_tokens(c, target, TOOLS)
+    publish = end - end % 64
+    base = len(cuts(c, [sysm, {"role": "user", "content": ""}], TOOLS)["tokens"])
+    users = [{"role": "user", "content": "x"}] + [
+        {"role": "user", "content": words(n, i)} for i, n in enumerate((2, 63, 64, 65, 128, 700, 1500))]
+    own = [len(cuts(c, [sysm, u], TOOLS)["tokens"]) - base for u in users]
+    assert min(own) <= 1 and max(own) >= 1500, own
+    bodies = [[sysm, {"role": "user", "content": "warm up"}]] + [[sysm, u] for u in users]
+    for i, r in enumerate(burst(c, bodies, TOOLS)):
+        ru = r["ignis"]["reuse"]
+        if i == 0:
+            assert cached(r) == 0
+            continue
+        assert (ru["kind"], ru["tier"], cached(r)) == ("prefix", "device", publish), (i, own[i - 1], ru)
+        assert r["usage"]["prompt_tokens"] - cached(r) == len(cuts(c, bodies[i], TOOLS)["tokens"]) - publish
+    c.close()
+    settle(qwen_wide)
+
+
 def test_block_below_one_page_gives_no_prefix(tiny_daemon):
     c = fresh(tiny_daemon)
     sysm = {"role": "system", "content": "Be brief."}
@@ -215,6 +256,9 @@ def test_block_below_one_page_gives_no_prefix(tiny_daemon):
     r = chat(c, "s1", [sysm, long_user(4)])
     assert cached(r) == 0
     assert r["ignis"]["reuse"]["reason"] == "below_page"
+    # a prompt of at most one page can neither resume nor leave anything behind
+    r = chat(c, "s2", [sysm, {"role": "user", "content": "hi"}])
+    assert r["usage"]["prompt_tokens"] <= 64 and cached(r) == 0 and r["ignis"]["reuse"]["reason"] == "short"
     c.close()
     settle(tiny_daemon)
 
@@ -247,10 +291,18 @@ def test_changed_system_prompt_misses_and_points_at_divergence(tiny_daemon):
 # ---------------------------------------------------------------- (d) resumed = cold
 
 def _conversations(k: int, tools: bool):
+    """k conversations of varied shape: (turn 1 messages, what turn 2 appends after turn 1's reply). With tools,
+    every third turn 2 is the assistant's tool call (arguments a JSON string) and the tool's answer instead."""
     for i in range(k):
-        sysm = {"role": "system", "content": f"Assistant {i}. " + words(40 + 13 * i, i)}
-        t1 = [sysm, long_user(10 + i, 70 + 9 * i)]
-        yield t1, {"role": "user", "content": f"Follow-up {i}: " + words(5 + 20 * i, i + 1)}
+        j = i % 12
+        sysm = {"role": "system", "content": f"Assistant {i}. " + words(40 + 13 * j, i)}
+        t1 = [sysm, long_user(10 + i, 70 + 9 * j)]
+        if tools and i % 3 == 2:
+            yield t1, [{"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}", "type": "function",
+                        "function": {"name": "search_files", "arguments": json.dumps({"pattern": words(3, i)})}}]},
+                       {"role": "tool", "tool_call_id": f"c{i}", "content": "found: " + words(10 + 7 * j, i + 2)}]
+        else:
+            yield t1, [{"role": "user", "content": f"Follow-up {i}: " + words(5 + 20 * j, i + 1)}]
 
 
 def _first_top(r):
@@ -264,12 +316,13 @@ def test_resumed_equals_cold(request, model):
     tools = TOOLS if model == "qwen" else None
     c, co = fresh(on), off.conn()
     kw = dict(max_tokens=8, logprobs=True, top_logprobs=5)
-    for i, (t1, follow) in enumerate(_conversations(12, tools is not None)):
+    for i, (t1, follow) in enumerate(_conversations(30, tools is not None)):
         r1 = chat(c, f"e{i}a", t1, tools, **kw)
         # overwrite the pages turn 1 gave back, so a resume that failed to copy its partial page cannot pass
         chat(c, f"e{i}n", [{"role": "user", "content": words(300, 5)}], tools, cache_prompt=False)
         reply = r1["text"] if tools is None else "Sure, here it is."
-        t2 = t1 + [{"role": "assistant", "content": reply or "ok"}, follow]
+        t2 = t1 + (follow if follow[0]["role"] == "assistant"
+                   else [{"role": "assistant", "content": reply or "ok"}, *follow])
         r2 = chat(c, f"e{i}b", t2, tools, **kw)
         assert cached(r2) == cuts(c, t1, tools)["cut_points"]["opener"] and cached(r2) > 0
         cold = chat(co, f"o{i}", t2, tools, **kw)
@@ -361,7 +414,7 @@ def test_hybrid_without_retained_slots_skips_captures(start_daemon, tiny_qwen35_
     t1 = [{"role": "system", "content": "You are a helpful agent. " + words(80)}, long_user(9)]
     for rid in ("n0", "n1"):
         r = chat(c, rid, t1, TOOLS)
-        assert cached(r) == 0 and r["ignis"]["reuse"]["reason"] == "miss"
+        assert cached(r) == 0 and r["ignis"]["reuse"]["reason"] == "no_slot"
     st = settle(d)
     assert st["retained"] == [] and st["slots"]["host_total"] == 0
     text = c.request({"id": "m", "op": "metrics"})["result"]["text"]

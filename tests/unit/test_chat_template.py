@@ -167,7 +167,14 @@ def test_prepare_after_system():
 
 @pytest.mark.parametrize("messages, field", [
     ([{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
-     "messages[1].content[0].type"),
+     "messages[1].content[0].image_url.url"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": "data:image/png;base64,AA=="}]}],
+     "messages[0].content[0].image_url"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}],
+     "messages[0].content[0].image_url.url"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png", "detail": "max"}}]}],
+     "messages[0].content[0].image_url.detail"),
+    ([{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}], "messages[0].content[0].type"),
     ([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": 3}]}],
      "messages[0].content[1].text"),
     ([{"role": "user", "content": ["text"]}], "messages[0].content[0]"),
@@ -188,6 +195,18 @@ def test_prepare_errors_name_the_field(messages, field):
         prepare_messages(messages, "keep")
     assert isinstance(info.value, MessageError) and info.value.field == field
     assert str(info.value).startswith(field + ": ")
+
+
+def test_image_part_is_model_unsupported_on_a_text_model():
+    """A well-formed OpenAI image part is refused with model_unsupported (no model served here has a vision tower:
+    the loader skips the visual weights), naming the part; it is never dropped silently."""
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=",
+                                                                             "detail": "low"}}]}]
+    with pytest.raises(MessageError) as info:
+        prepare_messages(msgs, "keep")
+    assert info.value.code == "model_unsupported" and info.value.field == "messages[0].content[1]"
+    assert "vision" in info.value.message
 
 
 def test_prepare_unknown_policy():

@@ -81,9 +81,17 @@ def test_chunks_restart_at_multiples_and_budget_holds():
     s = _sched(pages=64, lanes=2, chunk=64, budget=100)
     s.submit(_req("long", 300, arrival=0.0))
     s.submit(_req("short", 30, arrival=1.0))
-    plan = s.schedule()
-    # shortest remaining prefill first; only whole chunks within the 100-token budget (chunk = min(64, 100))
-    assert [(it.seq.rid, it.start, len(it.token_ids)) for it in plan.items] == [("short", 0, 30), ("long", 0, 64)]
+    rounds = []
+    for _ in range(4):
+        plan = s.schedule()
+        rounds.append([(it.seq.rid, it.start, len(it.token_ids)) for it in plan.items])
+        s.update(plan, [ItemResult(token_id=7 if it.sample else None) for it in plan.items])
+    # shortest remaining prefill first, and a round that ends a prefill runs no other prefill (head-of-line rule);
+    # then only whole chunks within the 100-token budget (chunk = min(64, 100)), restarting at multiples of 64
+    assert rounds[0] == [("short", 0, 30)]
+    assert rounds[1] == [("short", 30, 1), ("long", 0, 64)]
+    assert rounds[2] == [("short", 31, 1), ("long", 64, 64)]
+    assert rounds[3] == [("short", 32, 1), ("long", 128, 64)]
 
 
 def test_update_emits_tokens_stop_and_length_and_frees_pages():

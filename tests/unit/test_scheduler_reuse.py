@@ -154,7 +154,8 @@ def test_hybrid_captures_take_retained_slots_and_skip_when_none():
     # an agent request's captures cannot displace an interactive state: skipped, and the request runs normally
     log = []
     s.submit(req("x", list(range(9000, 9300)), publish=128, opener=250, priority=Priority.AGENT))
-    assert run(s, log)["x"].generated_tokens == 2
+    dx = run(s, log)["x"]
+    assert dx.generated_tokens == 2 and dx.reuse.reason == "no_slot"     # the reply says why nothing was left
     assert not any(it.capture for p in log for it in p.items)
     assert s.cache.retained.states() == [st]
     s.submit(req("b", PROMPT[:250] + [3] * 50, publish=128, opener=None))
@@ -204,3 +205,46 @@ def test_burst_waits_for_the_first_to_publish_the_shared_block():
     s.submit(req("d", block + [1] * 5, publish=128, opener=None, cache_prompt=False))
     assert [x.rid for x in s.running] == ["c", "d"]
     run(s)
+
+
+def _step(s):
+    plan = s.schedule()
+    s.update(plan, [ItemResult(token_id=7 if it.sample else None) for it in plan.items])
+    return [(it.seq.rid, it.start, len(it.token_ids)) for it in plan.items]
+
+
+def test_a_short_prefill_never_waits_behind_a_long_one():
+    """Head-of-line blocking: a short request arriving while a 2,000-token prompt is being prefilled gets its first
+    token in the very next round, which runs no chunk of the long prompt; the round after gives the long prompt
+    its whole budget back, and a short arrival every round still leaves it every other round."""
+    s = make(pages=64, reuse=False, lanes=4, chunk=64, budget=256)
+    s.submit(req("long", range(5000, 7000), max_tokens=1))
+    assert _step(s) == [("long", 0, 64), ("long", 64, 64), ("long", 128, 64), ("long", 192, 64)]
+    s.submit(req("short", range(100, 130), max_tokens=3))
+    assert _step(s) == [("short", 0, 30)]                    # its first token, in the first round after arrival
+    rows = _step(s)
+    assert rows[0] == ("short", 30, 1)                       # decoding from here on
+    assert [r for r in rows if r[0] == "long"] == [("long", 256, 64), ("long", 320, 64), ("long", 384, 64),
+                                                   ("long", 448, 64)]
+    long_rounds = 0
+    for k in range(6):                                       # a new short request before every round
+        s.submit(req(f"s{k}", range(200 + k, 220 + k), max_tokens=1))
+        long_rounds += any(r[0] == "long" for r in _step(s))
+    assert long_rounds == 3
+    run(s)
+
+
+def test_miss_reasons_short_and_no_slot_at_all():
+    """A prompt of at most one page (64 tokens) can neither resume nor leave anything: reason ``short``, and a
+    hybrid daemon with no retained slot at all says ``no_slot`` on every miss, ahead of the prompt's cut reason."""
+    s = make()
+    s.submit(req("a", range(10, 74), opener=60))                  # 64 tokens
+    s.submit(req("b", range(10, 75), opener=60))                  # 65 tokens: a plain miss
+    d = run(s)
+    assert d["a"].reuse.reason == "short" and d["b"].reuse.reason == "miss"
+    h = make(hybrid=True, host_slots=0)
+    h.submit(req("c", PROMPT, publish=0, opener=250, cut_reason="below_page"))
+    h.submit(req("d", range(10, 40)))
+    d = run(h)
+    assert d["c"].reuse.reason == "no_slot" and d["d"].reuse.reason == "short"
+    assert len(h.cache.retained) == 0
