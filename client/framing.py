@@ -49,11 +49,23 @@ class _Base:
         self._ids = (f"{secrets.token_hex(3)}-{n}" for n in itertools.count(1))
 
     def _body(self, op: str, fields: dict) -> tuple[str, bytes]:
+        """The request line for ``op``: a fresh id, the fields (None values left out) and the api key.
+
+        Raises ValueError when ``fields`` sets ``id``, ``op`` or ``api_key`` (the client owns them: one id per request
+        routes its replies), and IgnisError ``bad_request`` when a value cannot be written as JSON (a lone
+        surrogate in a string, an object of no JSON type) or ``too_long`` over max_line_bytes."""
+        owned = sorted({"id", "op", "api_key"} & fields.keys())
+        if owned:
+            raise ValueError(f"{', '.join(owned)}: set by the client (a fresh id per request, the op from the method, "
+                             "api_key from the constructor); do not pass it as a field")
         rid = next(self._ids)
         body = {"id": rid, "op": op, **{k: v for k, v in fields.items() if v is not None}}
         if self.api_key is not None and op != "health":
             body["api_key"] = self.api_key
-        line = encode(body)
+        try:
+            line = encode(body)
+        except orjson.JSONEncodeError as e:
+            raise IgnisError("bad_request", f"the request cannot be written as JSON: {e}", None, rid) from None
         if len(line) - 1 > self.max_line_bytes:
             raise IgnisError("too_long", f"request of {len(line) - 1} bytes exceeds max_line_bytes "
                                          f"({self.max_line_bytes})", None, rid)

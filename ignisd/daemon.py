@@ -146,7 +146,11 @@ class Daemon:
             raise StartupError(f"model.path {where}: cannot load: {e}") from None
         spec = self.loaded.spec
         src = self.loaded.source
-        self.tokenizer = Tokenizer.from_gguf(src) if self.loaded.kind == "gguf" else Tokenizer.from_dir(src)
+        if self.loaded.kind == "gguf":       # the loader's parse of the file: read the vocabulary from it once
+            self.tokenizer = Tokenizer.from_gguf(src, reader=self.loaded.gguf_reader)
+            self.loaded.gguf_reader = None   # let its memory map go
+        else:
+            self.tokenizer = Tokenizer.from_dir(src)
         tk = self.tokenizer
         self.template = ChatTemplate(tk.chat_template, tk.bos_token, tk.eos_token) if tk.chat_template else None
         self.kv_format = choose_kv_format(cfg, spec)

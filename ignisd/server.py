@@ -55,8 +55,10 @@ class Connection:
         discarding = False
         while True:
             chunk = await self.reader.read(1 << 16)
-            if not chunk:
-                if buf and not discarding:
+            if not chunk:             # EOF (the client may have shut only its write side: it still reads)
+                if discarding:
+                    yield None
+                elif buf:
                     yield bytes(buf)
                 return
             buf += chunk

@@ -11,6 +11,7 @@ import importlib.metadata
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,6 +45,7 @@ class LoadedModel:
     spec: ModelSpec. model: Model (llama) or HybridModel (Qwen hybrids; see build_model). source: the GGUF file or
     HF directory loaded. kind: "gguf" | "hf".
     weight_bytes: bytes of the resident weights (after dequantisation).
+    gguf_reader: the open gguf.GGUFReader of a GGUF source (None for "hf"), so the tokenizer reads the same parse.
     """
 
     spec: ModelSpec
@@ -51,6 +53,7 @@ class LoadedModel:
     source: Path
     kind: str
     weight_bytes: int
+    gguf_reader: Any = None
 
 
 def builtin_model_path() -> Path:
@@ -80,6 +83,7 @@ def load_model(path: str | Path | None = None, dtype: torch.dtype = torch.float3
     KeyError (a required tensor is missing).
     """
     p = builtin_model_path() if path is None else Path(path).expanduser()
+    reader = None
     if p.is_dir():
         if (p / "config.json").is_file():
             spec, weights = _read_hf_dir(p)
@@ -89,16 +93,17 @@ def load_model(path: str | Path | None = None, dtype: torch.dtype = torch.float3
             if len(ggufs) != 1:
                 raise FileNotFoundError(f"{p}: no config.json and {len(ggufs)} .gguf files (need exactly one)")
             p = ggufs[0]
-            spec, weights = _read_gguf(p)
+            spec, weights, reader = _read_gguf(p)
             kind = "gguf"
     elif p.is_file():
-        spec, weights = _read_gguf(p)
+        spec, weights, reader = _read_gguf(p)
         kind = "gguf"
     else:
         raise FileNotFoundError(f"model path {p} does not exist")
     weights = {k: v.to(dtype) for k, v in weights.items()}
     model = build_model(spec, weights, batch_invariant=batch_invariant)
-    return LoadedModel(spec=spec, model=model, source=p, kind=kind, weight_bytes=model.weight_bytes)
+    return LoadedModel(spec=spec, model=model, source=p, kind=kind, weight_bytes=model.weight_bytes,
+                       gguf_reader=reader)
 
 
 def build_model(spec: ModelSpec, weights: dict[str, torch.Tensor], batch_invariant: bool = False):
@@ -126,8 +131,9 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _read_gguf(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
-    """Read metadata and dequantise every tensor to fp32 (gguf.quants.dequantize), HF names and row order."""
+def _read_gguf(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor], Any]:
+    """Read metadata and dequantise every tensor to fp32 (gguf.quants.dequantize), HF names and row order; also
+    returns the open gguf.GGUFReader."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))
@@ -152,7 +158,7 @@ def _read_gguf(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
         elif hf.endswith("k_proj.weight"):
             arr = unpermute_rows(arr, spec.num_kv_heads)
         weights[hf] = torch.from_numpy(arr.copy())  # own memory (F32 data is a view of the mmap)
-    return spec, weights
+    return spec, weights, reader
 
 
 def _read_hf_dir(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:

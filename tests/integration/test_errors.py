@@ -1,6 +1,7 @@
 """Bad input over the socket: each gets the DESIGN §5 error naming the field, the daemon stays up, other requests
 keep generating, and the pool returns to idle (integrity: every page free, no live holder)."""
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -62,6 +63,13 @@ def test_line_over_limit_is_too_long_and_connection_kept(start_daemon, tiny_llam
     r = c.recv()
     assert r["type"] == "error" and r["error"]["code"] == "too_long" and r["id"] is None
     assert c.request({"id": "ok", "op": "tokenize", "text": "hello"})["type"] == "result"
+    c.close()
+    # an over-long last line with no newline, then EOF on the client's write side: still answered too_long
+    c = d.conn()
+    c.send_raw(b'{"id": "tail", "op": "tokenize", "text": "' + b"b" * 20000)
+    c.sock.shutdown(socket.SHUT_WR)
+    r = c.recv()
+    assert r["type"] == "error" and r["error"]["code"] == "too_long"
     c.close()
     d.wait_idle()
 

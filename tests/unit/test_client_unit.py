@@ -200,6 +200,29 @@ def test_client_refuses_an_oversized_line_itself(daemon):
         assert ei.value.code == "too_long"
 
 
+def test_client_owned_fields_and_unencodable_text_fail_at_once(daemon):
+    """Passing id / op / api_key as a field would re-route the replies (the call used to hang): ValueError naming
+    it. A lone surrogate cannot be written as UTF-8 JSON: IgnisError bad_request. Neither sends anything, and the
+    connection keeps working."""
+    with Client(daemon.path, timeout=5) as c:
+        with pytest.raises(ValueError, match=r"^id: set by the client"):
+            c.chat("hi", id="mine")
+        with pytest.raises(ValueError, match=r"^api_key: "):
+            c.request("chat", api_key="k", messages=[])
+        with pytest.raises(IgnisError) as ei:
+            c.chat("bad \ud800 text")
+        assert ei.value.code == "bad_request" and "JSON" in str(ei.value)
+        n = len(daemon.requests)
+        assert c.health()["ok"] is True and len(daemon.requests) == n + 1
+
+    async def go():
+        async with AsyncClient(daemon.path, timeout=5) as ac:
+            with pytest.raises(ValueError):
+                await ac.chat("hi", id="mine")
+            return await ac.health()
+    assert asyncio.run(go())["ok"] is True
+
+
 def test_not_running_names_the_socket(tmp_path):
     path = str(tmp_path / "none.sock")
     with pytest.raises(DaemonNotRunning) as ei:
