@@ -365,9 +365,11 @@ class Scheduler:
         }
 
     def requests(self) -> list[dict]:
-        """The `status` op's per-request rows."""
+        """The `status` op's per-request rows: id, state, prompt_tokens, cached_tokens (restored), prefilled (prompt
+        tokens run through the model so far: the prefill's progress) and generated (tokens)."""
         rows = [{"id": s.rid, "state": s.state.value, "prompt_tokens": len(s.req.prompt_ids),
-                 "cached_tokens": s.resume, "generated": len(s.output)} for s in self.running]
+                 "cached_tokens": s.resume, "prefilled": s.prefilled, "generated": len(s.output)}
+                for s in self.running]
         rows += [{"id": s.rid, "state": s.state.value, "prompt_tokens": len(s.req.prompt_ids),
-                  "cached_tokens": 0, "generated": 0} for s in self.waiting]
+                  "cached_tokens": 0, "prefilled": 0, "generated": 0} for s in self.waiting]
         return rows

@@ -23,8 +23,10 @@ which is what ``--reuse-prompt off`` does to every request. Sections (--sections
   ids sent as a completion (one traversal), both cold.
 - hol: head-of-line blocking, one fresh daemon per round prefill budget B of --hol-budgets: TTFT of a resumed turn 2
   on the idle daemon (median of 3), then sent while a different ~8K-token cold prompt (~1,900 on a 2,048 context)
-  is in prefill, at three offsets into it; one round = B / that cold prefill's own rate. Aim: max(loaded) <= idle +
-  one round.
+  is in prefill, when it is 5%, 35% and 70% through; "one round" = that prefill's round in flight when the probe
+  is sent (from the progress change before the probe to the one after it; ``status`` read every 20 ms). Aim: each
+  loaded TTFT <= idle + one round (the scheduler serves a short prefill in the round after it arrives and runs no
+  long chunk beside it).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -250,17 +253,71 @@ def section_replay(b: Bench, turns: int = 20) -> None:
 
 
 def section_tax(b: Bench, repeat: int) -> None:
+    """The chat and the completion of the same ids alternate (the machine drifts): median of max(5, repeat) each."""
     t = b.conversation_of(1024, 7)
-    ids = b.tokenize(t)["tokens"]
-    split = statistics.median(ttft(b.chat(t, cache_prompt=False)) for _ in range(repeat))
-    one = statistics.median(ttft(b.call({"op": "completion", "prompt": ids, "max_tokens": 1, "temperature": 0,
-                                         "cache_prompt": False})) for _ in range(repeat))
-    print(f"three-traversal tax on {len(ids)} tokens: split {split:.1f} ms vs one traversal {one:.1f} ms "
-          f"({(split / one - 1) * 100:+.1f}%)")
+    tk = b.tokenize(t)
+    ids = tk["tokens"]
+    split, one = [], []
+    for _ in range(max(5, repeat)):
+        split.append(ttft(b.chat(t, cache_prompt=False)))
+        one.append(ttft(b.call({"op": "completion", "prompt": ids, "max_tokens": 1, "temperature": 0,
+                                "cache_prompt": False})))
+    s, o = statistics.median(split), statistics.median(one)
+    print(f"three-traversal tax on {len(ids)} tokens (cuts at {tk['cut_points']['publish']} and "
+          f"{tk['cut_points']['opener']}): split {s:.1f} ms vs one traversal {o:.1f} ms ({(s / o - 1) * 100:+.1f}%)")
+
+
+class ProgressProbe:
+    """Polls ``status`` every ``period`` s in a thread and records (monotonic s, prefilled tokens) of request `rid`,
+    so the bench sees the rounds of a long prefill as they happen: a round is the time between two changes."""
+
+    PERIOD = 0.02      # seconds between status reads
+
+    def __init__(self, d: DaemonProc, rid: str, period: float = PERIOD):
+        self.d, self.rid, self.period = d, rid, period
+        self.marks: list[tuple[float, int, str]] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        c = self.d.conn()
+        try:
+            while not self._stop.is_set():
+                rows = [r for r in c.request({"id": "probe", "op": "status"})["result"]["requests"]
+                        if r["id"].endswith(":" + self.rid)]
+                if rows:
+                    self.marks.append((time.monotonic(), rows[0]["prefilled"], rows[0]["state"]))
+                time.sleep(self.period)
+        finally:
+            c.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join()
+
+    def state(self) -> tuple[str | None, int]:
+        """(state, prefilled) of the latest sample ((None, 0) before the first)."""
+        return (self.marks[-1][2], self.marks[-1][1]) if self.marks else (None, 0)
+
+    def round_at(self, t: float) -> float:
+        """The length (s) of the prefill's round in flight at `t`: from the last change of the prefilled count at or
+        before `t` to the first after it (a round's end is such a change; the first sample in prefill stands for the
+        start of the first round). 0 when `t` is not inside a seen round. Accurate to the polling period."""
+        marks = [m for m in self.marks if m[2] == "prefill"]
+        ends = [marks[0][0]] if marks else []
+        ends += [t1 for (t1, n, _), (_, m, _) in zip(marks[1:], marks[:-1]) if n != m]
+        if len(self.marks) > len(marks) and marks:      # the prefill ended: its last round ended at the state change
+            ends.append(next(m[0] for m in self.marks if m[0] > marks[-1][0]))
+        before = [x for x in ends if x <= t]
+        after = [x for x in ends if x > t]
+        return after[0] - before[-1] if before and after else 0.0
 
 
 def section_hol(args: list[str], threads: int, context: int, budgets: list[int]) -> None:
-    """Per budget B: resumed turn-2 TTFT idle and while a long cold prompt prefills (module docstring)."""
+    """Per budget B: resumed turn-2 TTFT idle and while a long cold prompt prefills (module docstring). The aim's
+    "one round" is the long prefill's round in flight when each probe is sent (status polled every 20 ms), since a
+    round's length grows with the context it attends to."""
     for B in budgets:
         d = start([*args, "--server-round-prefill-tokens", str(B)], threads)
         try:
@@ -274,44 +331,44 @@ def section_hol(args: list[str], threads: int, context: int, budgets: list[int])
             idle = statistics.median(ttft(r) for r in idle_rs)
             long = b.conversation_of(min(8000, context - 148), 77)
             n_long = b.n_tokens(long)
-            est = n_long / r1["timings"]["prefill_tokens_per_s"]      # seconds, from turn 1's cold rate
             other = b.conn()
-            loaded, notes, rates = [], [], []
-            for i, frac in enumerate((None, 1 / 3, 2 / 3)):
-                offset = min(1.0, est / 6) if frac is None else est * frac
+            rows = []
+            for i, frac in enumerate((0.05, 0.35, 0.7)):
                 rid = f"long{i}"
-                t0 = time.monotonic()
+                probe = ProgressProbe(d, rid)
                 other.send({"id": rid, "op": "chat", "messages": long, "temperature": 0, "max_tokens": 1,
                             "cache_prompt": False})
-                seen = False
-                while True:         # poll status until the long prompt is in prefill and `offset` has passed
-                    rows = [r for r in d.status()["requests"] if r["id"].endswith(":" + rid)]
-                    in_prefill = bool(rows) and rows[0]["state"] == "prefill"
-                    elapsed = time.monotonic() - t0
-                    if elapsed >= offset if in_prefill else (seen or elapsed > 2 * est + 1):
+                t_give_up = time.monotonic() + 900
+                while True:          # until the long prompt is `frac` of the way through its prefill
+                    state, done_tokens = probe.state()
+                    if (state == "prefill" and done_tokens >= frac * n_long) or state == "decode" \
+                            or time.monotonic() > t_give_up:
                         break
-                    seen |= in_prefill
-                    time.sleep(0.05)
-                sent = (time.monotonic() - t0) * 1e3
+                    time.sleep(0.02)
+                at = done_tokens / n_long
+                t_send = time.monotonic()
                 r2 = b.chat(t2)
+                t_back = time.monotonic()
                 done = other.until_done(rid)[1]
+                probe.stop()
                 if done["type"] != "done":
                     raise RuntimeError(done)
-                long_ms = ttft(done)
-                est = long_ms / 1e3                 # the later offsets use the measured duration
-                rates.append(done["timings"]["prefill_tokens_per_s"])
-                loaded.append(ttft(r2))
-                overlap = sent + ttft(r2) < long_ms
-                notes.append(f"{sent / long_ms * 100:.0f}%" + ("" if overlap else " (after it: not loaded)"))
+                loaded_under = probe.state()[0] == "prefill" or any(
+                    t_send <= t <= t_back and st == "prefill" for t, _, st in probe.marks)
+                rnd = probe.round_at(t_send) * 1e3
+                rows.append((ttft(r2), at, rnd, loaded_under))
             other.close()
-            rate = statistics.median(rates)
-            one_round = B / rate * 1e3
-            ok = max(loaded) <= idle + one_round
-            print(f"hol budget {B}: idle TTFT {idle:.1f} ms; loaded TTFT "
-                  + ", ".join(f"{x:.1f} ms at {n}" for x, n in zip(loaded, notes))
-                  + f" into a {n_long}-token cold prefill ({rate:.0f} tok/s); one round ~ {one_round:.1f} ms; "
-                  f"aim max(loaded) <= idle + one round: {'met' if ok else 'NOT met'} "
-                  f"({max(loaded):.1f} vs {idle + one_round:.1f} ms)")
+            probe_ms = ProgressProbe.PERIOD * 1e3
+            parts, ok = [], True
+            for x, at, rnd, under in rows:
+                good = x <= idle + rnd + 2 * probe_ms     # the round is read to +-1 polling period
+                ok &= good or not under
+                parts.append(f"{x:.0f} ms at {at * 100:.0f}% (round there {rnd:.0f} ms{'' if under else ', not loaded'}"
+                             f"{'' if good else ', OVER'})")
+            print(f"hol budget {B}: idle TTFT {idle:.0f} ms; loaded TTFT " + "; ".join(parts)
+                  + f" into a {n_long}-token cold prefill; aim loaded <= idle + the round in flight (+{2 * probe_ms:.0f}"
+                  " ms of status polling resolution): "
+                  + ("met" if ok else "NOT met"))
         finally:
             d.stop()
 
