@@ -7,6 +7,7 @@ Standard library + orjson only (no torch). Re-exported by ``ignis_client.client`
 from __future__ import annotations
 
 import itertools
+import math
 import secrets
 from typing import Any
 
@@ -38,6 +39,33 @@ def _raise_error(ev: dict) -> None:
     raise IgnisError(err.get("code", "internal"), err.get("message", ""), err.get("field"), ev.get("id"))
 
 
+def _unwritable(v: Any, path: str, text: bool) -> tuple[str, str] | None:
+    """The first value under `v` that a JSON request cannot carry faithfully, as (field path, why), else None:
+    a non-finite float; with ``text``, also a str that is not valid UTF-8 (a lone surrogate) and an int outside
+    JSON's 64-bit range. Paths look like the daemon's: ``messages[0].content``."""
+    if isinstance(v, float):
+        return None if math.isfinite(v) else (path, f"must be a finite number, got {v}")
+    if isinstance(v, str):
+        if text:
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return path, f"is not valid UTF-8 text (a lone surrogate at character {e.start})"
+        return None
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int):
+        return (path, f"integer {v} is outside the 64-bit range JSON carries") \
+            if text and not -2 ** 63 <= v < 2 ** 64 else None
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, (list, tuple)) else ()
+    for k, x in items:
+        sub = f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k))
+        found = _unwritable(x, sub, text)
+        if found:
+            return found
+    return None
+
+
 def _messages(messages: Any) -> Any:
     return [{"role": "user", "content": messages}] if isinstance(messages, str) else messages
 
@@ -52,20 +80,24 @@ class _Base:
         """The request line for ``op``: a fresh id, the fields (None values left out) and the api key.
 
         Raises ValueError when ``fields`` sets ``id``, ``op`` or ``api_key`` (the client owns them: one id per request
-        routes its replies), and IgnisError ``bad_request`` when a value cannot be written as JSON (a lone
-        surrogate in a string, an object of no JSON type) or ``too_long`` over max_line_bytes."""
+        routes its replies), and IgnisError ``bad_request`` naming the field when a value cannot be written as JSON
+        faithfully (NaN or inf, a lone surrogate in a string, an int past 64 bits, an object of no JSON type), or
+        ``too_long`` over max_line_bytes."""
         owned = sorted({"id", "op", "api_key"} & fields.keys())
         if owned:
             raise ValueError(f"{', '.join(owned)}: set by the client (a fresh id per request, the op from the method, "
                              "api_key from the constructor); do not pass it as a field")
         rid = next(self._ids)
-        body = {"id": rid, "op": op, **{k: v for k, v in fields.items() if v is not None}}
-        if self.api_key is not None and op != "health":
-            body["api_key"] = self.api_key
+        fields = {k: v for k, v in fields.items() if v is not None}
+        bad = _unwritable(fields, "", text=False)       # NaN / inf would go out as null and silently take defaults
         try:
-            line = encode(body)
-        except orjson.JSONEncodeError as e:
-            raise IgnisError("bad_request", f"the request cannot be written as JSON: {e}", None, rid) from None
+            line = None if bad else encode({"id": rid, "op": op, **fields,
+                                            **({"api_key": self.api_key} if self.api_key is not None
+                                               and op != "health" else {})})
+        except (orjson.JSONEncodeError, TypeError) as e:
+            bad = _unwritable(fields, "", text=True) or ("", f"cannot be written as JSON: {e}")
+        if bad:
+            raise IgnisError("bad_request", f"{bad[0] or 'request'}: {bad[1]}", bad[0] or None, rid)
         if len(line) - 1 > self.max_line_bytes:
             raise IgnisError("too_long", f"request of {len(line) - 1} bytes exceeds max_line_bytes "
                                          f"({self.max_line_bytes})", None, rid)

@@ -70,6 +70,10 @@ def decode_line(line: bytes, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> di
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as e:
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as u:
+            raise ProtocolError("bad_json", f"the line is not valid UTF-8 (byte {u.start}: {u.reason})") from None
         raise ProtocolError("bad_json", f"invalid JSON: {e}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("bad_json", f"a request must be a JSON object, got {_json_type(obj)}")

@@ -39,8 +39,12 @@ class Connection:
         """Write one reply line and wait for the socket buffer to drain (backpressure)."""
         if self.closed:
             return
-        if obj.get("type") == "error" and self.server.metrics is not None:
-            self.server.metrics.error_sent(obj["error"]["code"])
+        if obj.get("type") == "error":
+            err = obj["error"]
+            log.info("error_reply", id=obj.get("id"), code=err["code"], field=err.get("field"),
+                     message=err["message"][:200])
+            if self.server.metrics is not None:
+                self.server.metrics.error_sent(err["code"])
         async with self._wlock:
             try:
                 self.writer.write(P.encode(obj))

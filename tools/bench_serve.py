@@ -2,7 +2,7 @@
 """Serving benchmark: ignisd against transformers' generate() on the same GGUF, in one run (issue 2).
 
 Prints cold prefill tokens/s at 512, 2,048 and 8,000-token prompts; decode tokens/s summed over 1, 4 and 8 lanes at
-512 tokens of context; TTFT p50; the same work through transformers as the peer; and the ratios. Then the hybrid
+512 tokens of context (ignisd: timed only while every lane decodes, from its decode-token counter); TTFT p50; the same work through transformers as the peer; and the ratios. Then the hybrid
 comparison of tools/bench_hybrid.py (Qwen3.5-shaped, hidden 1,024, 8 layers, random weights). The daemon and
 the peer never run at the same time; both use --threads torch threads (default: all cores).
 
@@ -31,6 +31,36 @@ def prompt_ids(conn, n: int) -> list[int]:
     return ids[:n]
 
 
+def _decode_counter(d: DaemonProc) -> float:
+    c = d.conn()
+    try:
+        text = c.request({"id": "m", "op": "metrics"})["result"]["text"]
+    finally:
+        c.close()
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("ignis_decode_tokens_total"))
+
+
+def decode_window(d: DaemonProc, lanes: int, decode_tokens: int, period: float = 0.01) -> float:
+    """Decode tokens/s summed over `lanes` requests, timed only while all of them are decoding (no prefill in the
+    rounds): the daemon's ignis_decode_tokens_total counter read when the last one starts decoding and again when
+    the first is 4 tokens from its end (``status`` polled every `period` s). transformers' figure is pure decode too."""
+    def rows():
+        return [r for r in d.status()["requests"] if r["id"].split(":")[-1].startswith(f"d{lanes}-")]
+    while True:
+        rs = rows()
+        if len(rs) == lanes and all(r["state"] == "decode" for r in rs):
+            break
+        time.sleep(period)
+    c0, t0 = _decode_counter(d), time.perf_counter()
+    while True:
+        rs = rows()
+        if len(rs) < lanes or max(r["generated"] for r in rs) >= decode_tokens - 4:
+            break
+        time.sleep(period)
+    c1, t1 = _decode_counter(d), time.perf_counter()
+    return (c1 - c0) / (t1 - t0)
+
+
 def bench_ignis(model: Path | None, threads: int, decode_tokens: int, repeats: int = 2) -> dict:
     args = ["--server-threads", str(threads), "--lanes", "8", "--vram-kv-pool-bytes", "64Ktok"]
     if model:
@@ -56,14 +86,14 @@ def bench_ignis(model: Path | None, threads: int, decode_tokens: int, repeats: i
             for i in range(lanes):
                 # distinct prompts: change the first token so nothing could be shared
                 c.send({"id": f"d{lanes}-{i}", "op": "completion", "prompt": [ids[0] + i] + ids[1:],
-                        "max_tokens": decode_tokens, "temperature": 0})
+                        "max_tokens": decode_tokens, "temperature": 0, "cache_prompt": False})
+            out[f"decode_{lanes}"] = decode_window(d, lanes, decode_tokens)
             finals = []
             while len(finals) < lanes:
                 r = c.recv()
                 if r["type"] in ("done", "error"):
                     finals.append(r)
             assert all(f["type"] == "done" for f in finals), finals
-            out[f"decode_{lanes}"] = sum(f["timings"]["decode_tokens_per_s"] for f in finals)
             out.setdefault("ttft_ms", []).extend(f["timings"]["ttft_ms"] for f in finals)
         c.close()
     finally:

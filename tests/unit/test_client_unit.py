@@ -202,16 +202,22 @@ def test_client_refuses_an_oversized_line_itself(daemon):
 
 def test_client_owned_fields_and_unencodable_text_fail_at_once(daemon):
     """Passing id / op / api_key as a field would re-route the replies (the call used to hang): ValueError naming
-    it. A lone surrogate cannot be written as UTF-8 JSON: IgnisError bad_request. Neither sends anything, and the
-    connection keeps working."""
+    it. A lone surrogate (not UTF-8), NaN (JSON would carry null: the default) or an int past 64 bits: IgnisError
+    bad_request naming the field. Nothing is sent, and the connection keeps working."""
     with Client(daemon.path, timeout=5) as c:
         with pytest.raises(ValueError, match=r"^id: set by the client"):
             c.chat("hi", id="mine")
         with pytest.raises(ValueError, match=r"^api_key: "):
             c.request("chat", api_key="k", messages=[])
-        with pytest.raises(IgnisError) as ei:
-            c.chat("bad \ud800 text")
-        assert ei.value.code == "bad_request" and "JSON" in str(ei.value)
+        for call, field in ((lambda: c.chat("bad \ud800 text"), "messages[0].content"),
+                            (lambda: c.chat("hi", temperature=float("nan")), "temperature"),
+                            (lambda: c.chat("hi", max_tokens=2 ** 64), "max_tokens"),
+                            (lambda: c.chat([{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]),
+                             "messages[0].content[0].text")):
+            with pytest.raises(IgnisError) as ei:
+                call()
+            assert (ei.value.code, ei.value.field) == ("bad_request", field), ei.value
+            assert str(ei.value).startswith(field) or field in str(ei.value)
         n = len(daemon.requests)
         assert c.health()["ok"] is True and len(daemon.requests) == n + 1
 

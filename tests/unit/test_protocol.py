@@ -70,6 +70,14 @@ def test_too_long_boundary():
     assert "101" in reply["error"]["message"] and "100" in reply["error"]["message"]
 
 
+def test_invalid_utf8_says_so_with_the_byte_offset():
+    line = b'{"id": "a", "op": "chat", "messages": "\xff\xfe"}'
+    reply = err(line)
+    check(reply, None, "bad_json", None)
+    assert "not valid UTF-8" in reply["error"]["message"] and f"byte {line.index(bytes([0xff]))}" in \
+        reply["error"]["message"]
+
+
 def test_trailing_cr_is_whitespace():
     assert P.decode_line(b'{"id": "a", "op": "status"}\r') == {"id": "a", "op": "status"}
 
