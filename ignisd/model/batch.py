@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 LOGITS_MODES = ("last", "all", "none")
 
@@ -131,3 +132,39 @@ class ForwardBatch:
             logits_index=torch.cat(logits_rows) if logits_rows else torch.zeros(0, dtype=torch.long),
             logits_owner=owners, page_tokens=page_tokens, state_slots=slots,
         )
+
+
+def matmul_rows(rows: int, batch_invariant: bool) -> int:
+    """Row count to run the matmuls with: with ``batch_invariant`` a batch of fewer than 12 rows is padded to a
+    multiple of 4 (MKL picks another kernel for 1-3 rows, so a row's result would depend on its batch)."""
+    if batch_invariant and rows < 12:
+        return -(-rows // 4) * 4
+    return rows
+
+
+def embed_rows(batch: ForwardBatch, embed: torch.Tensor, batch_invariant: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The embedded input rows of `batch` and their positions, padded to matmul_rows: (x [T', H] in embed's dtype,
+    positions LongTensor [T']). Padding rows are token 0 at position 0; the layers write no K/V or state for them."""
+    ids, positions = batch.input_ids, batch.positions
+    t = batch.num_tokens
+    pad = matmul_rows(t, batch_invariant) - t
+    if pad:
+        ids = F.pad(ids, (0, pad))
+        positions = F.pad(positions, (0, pad))
+    return F.embedding(ids, embed), positions
+
+
+def batch_logits(x: torch.Tensor, batch: ForwardBatch, final_norm, lm_head: torch.Tensor,
+                 batch_invariant: bool) -> torch.Tensor:
+    """float32 logits [N, vocab] of the rows batch.logits_index of the last hidden states x [T', H]:
+    ``final_norm(rows) @ lm_head.T`` (lm_head [vocab, H]), the selected rows padded to matmul_rows. N may be 0."""
+    n = batch.logits_index.numel()
+    if n == 0:
+        return torch.zeros(0, lm_head.shape[0], dtype=torch.float32, device=x.device)
+    if n != x.shape[0]:
+        rows = batch.logits_index
+        pad = matmul_rows(n, batch_invariant) - n
+        if pad:
+            rows = F.pad(rows, (0, pad))
+        x = x.index_select(0, rows)
+    return F.linear(final_norm(x), lm_head)[:n].float()

@@ -7,11 +7,10 @@ the loader produces them from GGUF or safetensors, Q/K rows already in HF rotate
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ignisd.cache.device_pages import DevicePages
 from ignisd.model.attention import Attention, AttentionPlan
-from ignisd.model.batch import ForwardBatch
+from ignisd.model.batch import ForwardBatch, batch_logits, embed_rows
 from ignisd.model.layers import MLP, Rotary, distinct_bytes, rms_norm, take_weight
 from ignisd.model.spec import ModelSpec
 
@@ -110,35 +109,14 @@ class Model:
         """
         if kv.spec.n_attention_layers != self.spec.n_attention_layers:
             raise ValueError("DevicePages was built for a different model")
-        t = batch.num_tokens
         plan = AttentionPlan.from_batch(batch)
-        ids, positions = batch.input_ids, batch.positions
-        pad = self._pad_rows(t) - t
-        if pad:   # padding rows: token 0 at position 0, K/V written nowhere, attention skipped (see Attention)
-            ids = F.pad(ids, (0, pad))
-            positions = F.pad(positions, (0, pad))
-        x = F.embedding(ids, self.embed)
+        x, positions = embed_rows(batch, self.embed, self.batch_invariant)
         max_pos = max(c - 1 for c in batch.context_lens)
         cos, sin = self.rotary.tables(positions, max_pos)
         for layer in self.layers:
             x = x + layer.attn(rms_norm(x, layer.in_norm, layer.eps), cos, sin, batch, plan, kv)
             x = x + layer.mlp(rms_norm(x, layer.post_norm, layer.eps))
-        n = batch.logits_index.numel()
-        if n == 0:
-            return torch.zeros(0, self.spec.vocab_size, dtype=torch.float32, device=x.device)
-        if n != x.shape[0]:
-            rows = batch.logits_index
-            pad = self._pad_rows(n) - n
-            if pad:
-                rows = F.pad(rows, (0, pad))
-            x = x.index_select(0, rows)
-        x = rms_norm(x, self.norm, self.spec.rms_norm_eps)
-        return F.linear(x, self.lm_head)[:n].float()
-
-    def _pad_rows(self, rows: int) -> int:
-        """Row count to run the matmuls with (see batch_invariant)."""
-        if self.batch_invariant and rows < 12:
-            return -(-rows // 4) * 4
-        return rows
+        return batch_logits(x, batch, lambda h: rms_norm(h, self.norm, self.spec.rms_norm_eps), self.lm_head,
+                            self.batch_invariant)
 
     __call__ = forward

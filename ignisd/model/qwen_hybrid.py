@@ -16,11 +16,10 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 
 from ignisd.cache.device_pages import DevicePages
 from ignisd.model.attention import AttentionPlan
-from ignisd.model.batch import ForwardBatch
+from ignisd.model.batch import ForwardBatch, batch_logits, embed_rows
 from ignisd.model.gated_attention import GatedAttention, rms_norm_1p, zero_centred_norm_weight
 from ignisd.model.gdn import GatedDeltaNet, GDNPlan
 from ignisd.model.hybrid_weights import expert_tensors
@@ -156,14 +155,8 @@ class HybridModel:
                                                    self.spec.linear_value_head_dim):
                 raise ValueError("a hybrid model's forward needs the DeviceStates of this model")
             gplan = GDNPlan.from_batch(batch)
-        t = batch.num_tokens
         plan = AttentionPlan.from_batch(batch)
-        ids, positions = batch.input_ids, batch.positions
-        pad = self._pad_rows(t) - t
-        if pad:   # padding rows: token 0 at position 0; no K/V, conv or recurrent state is written for them
-            ids = F.pad(ids, (0, pad))
-            positions = F.pad(positions, (0, pad))
-        x = F.embedding(ids, self.embed)
+        x, positions = embed_rows(batch, self.embed, self.batch_invariant)
         max_pos = max(c - 1 for c in batch.context_lens)
         cos, sin = self.rotary.tables(positions, max_pos)
         eps = self.spec.rms_norm_eps
@@ -174,22 +167,7 @@ class HybridModel:
             else:
                 x = x + layer.mixer(hn, cos, sin, batch, plan, kv)
             x = x + layer.mlp(rms_norm_1p(x, layer.post_norm, eps))
-        n = batch.logits_index.numel()
-        if n == 0:
-            return torch.zeros(0, self.spec.vocab_size, dtype=torch.float32, device=x.device)
-        if n != x.shape[0]:
-            rows = batch.logits_index
-            pad = self._pad_rows(n) - n
-            if pad:
-                rows = F.pad(rows, (0, pad))
-            x = x.index_select(0, rows)
-        x = rms_norm_1p(x, self.norm, eps)
-        return F.linear(x, self.lm_head)[:n].float()
-
-    def _pad_rows(self, rows: int) -> int:
-        """Row count to run the matmuls with (see batch_invariant)."""
-        if self.batch_invariant and rows < 12:
-            return -(-rows // 4) * 4
-        return rows
+        return batch_logits(x, batch, lambda h: rms_norm_1p(h, self.norm, eps), self.lm_head,
+                            self.batch_invariant)
 
     __call__ = forward
