@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator
 
-from .framing import TERMINAL, IgnisError, _Base, _messages, _raise_error
+from .framing import TERMINAL, IgnisError, _Base, _messages, _raise_error, _terminal
 from .protocol import DEFAULT_MAX_LINE_BYTES
 
 _READ_LIMIT = 2**30   # replies (prompt_logprobs, status) can be large; requests are bounded by max_line_bytes
@@ -124,9 +124,7 @@ class AsyncClient(_Base):
         try:
             while True:
                 ev = await self._get(q)
-                if ev.get("type") == "error":
-                    _raise_error(ev)
-                if ev.get("type") in TERMINAL:
+                if _terminal(ev):
                     return ev
         finally:
             self._finish(rid)

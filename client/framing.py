@@ -39,6 +39,13 @@ def _raise_error(ev: dict) -> None:
     raise IgnisError(err.get("code", "internal"), err.get("message", ""), err.get("field"), ev.get("id"))
 
 
+def _terminal(ev: dict) -> bool:
+    """Whether `ev` ends its request (``done`` / ``result``); raises IgnisError for an ``error`` reply."""
+    if ev.get("type") == "error":
+        _raise_error(ev)
+    return ev.get("type") in TERMINAL
+
+
 def _unwritable(v: Any, path: str, text: bool) -> tuple[str, str] | None:
     """The first value under `v` that a JSON request cannot carry faithfully, as (field path, why), else None:
     a non-finite float; with ``text``, also a str that is not valid UTF-8 (a lone surrogate) and an int outside

@@ -8,7 +8,7 @@ import socket
 from collections import deque
 from typing import Any, Iterator
 
-from .framing import TERMINAL, _Base, _messages, _raise_error
+from .framing import TERMINAL, _Base, _messages, _raise_error, _terminal
 from .protocol import DEFAULT_MAX_LINE_BYTES
 
 
@@ -105,9 +105,7 @@ class Client(_Base):
         try:
             while True:
                 ev = self._next_event(rid)
-                if ev.get("type") == "error":
-                    _raise_error(ev)
-                if ev.get("type") in TERMINAL:
+                if _terminal(ev):
                     return ev
         finally:
             self._finish(rid)

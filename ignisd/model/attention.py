@@ -61,6 +61,28 @@ class AttentionPlan:
         return cls(prefill, d_rows, d_pages, d_lens, whole)
 
 
+def paged_attend(q: torch.Tensor, kv: DevicePages, kv_layer: int, plan: AttentionPlan, t_all: int) -> torch.Tensor:
+    """Attention of the batch's T queries over their sequences' paged context (K/V already written).
+
+    q: [T, Hq, d]. Returns [t_all, Hq, d] (rows past T, padding, are zero)."""
+    t = q.shape[0]
+    k_pages, v_pages = kv.pages(kv_layer)
+    if plan.whole and t_all == t:
+        if plan.prefill:
+            _, _, start, pages = plan.prefill[0]
+            return kattn.paged_attention(q, k_pages, v_pages, pages, start)
+        return kattn.paged_decode_attention(q, k_pages, v_pages, plan.decode_pages, plan.decode_lens)
+    alloc = torch.empty if t_all == t else torch.zeros
+    out = alloc(t_all, q.shape[1], q.shape[2], dtype=q.dtype, device=q.device)
+    for row, n, start, pages in plan.prefill:
+        out[row:row + n] = kattn.paged_attention(q[row:row + n], k_pages, v_pages, pages, start)
+    if plan.decode_rows is not None:
+        qd = q.index_select(0, plan.decode_rows)
+        od = kattn.paged_decode_attention(qd, k_pages, v_pages, plan.decode_pages, plan.decode_lens)
+        out.index_copy_(0, plan.decode_rows, od)
+    return out
+
+
 class Attention:
     """One llama self-attention layer.
 
@@ -90,20 +112,5 @@ class Attention:
         q, k = qk[:, :self.hq], qk[:, self.hq:]
         v = qkv[:, self.q_dim + self.kv_dim:].view(t, self.hkv, self.d)
         kv.write(self.kv_layer, batch.slot_mapping, k, v)
-        k_pages, v_pages = kv.pages(self.kv_layer)
-        if plan.whole and t_all == t:
-            if plan.prefill:
-                _, n, start, pages = plan.prefill[0]
-                out = kattn.paged_attention(q, k_pages, v_pages, pages, start)
-            else:
-                out = kattn.paged_decode_attention(q, k_pages, v_pages, plan.decode_pages, plan.decode_lens)
-            return linear_t(out.reshape(t_all, self.q_dim), self.w_o_t, self.b_o)
-        alloc = torch.empty if t_all == t else torch.zeros
-        out = alloc(t_all, self.hq, self.d, dtype=x.dtype, device=x.device)
-        for row, n, start, pages in plan.prefill:
-            out[row:row + n] = kattn.paged_attention(q[row:row + n], k_pages, v_pages, pages, start)
-        if plan.decode_rows is not None:
-            qd = q.index_select(0, plan.decode_rows)
-            od = kattn.paged_decode_attention(qd, k_pages, v_pages, plan.decode_pages, plan.decode_lens)
-            out.index_copy_(0, plan.decode_rows, od)
+        out = paged_attend(q, kv, self.kv_layer, plan, t_all)
         return linear_t(out.reshape(t_all, self.q_dim), self.w_o_t, self.b_o)

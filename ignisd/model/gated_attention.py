@@ -15,9 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-import ignis_kernels.attention as kattn
 from ignisd.cache.device_pages import DevicePages
-from ignisd.model.attention import AttentionPlan
+from ignisd.model.attention import AttentionPlan, paged_attend
 from ignisd.model.batch import ForwardBatch
 from ignisd.model.layers import apply_rope, linear_t
 
@@ -32,28 +31,6 @@ def rms_norm_1p(x: torch.Tensor, w1p: torch.Tensor, eps: float) -> torch.Tensor:
     """Zero-centred RMSNorm over the last dim: x / sqrt(mean(x²) + eps) · w1p computed in fp32, cast back to x's
     dtype. x: [..., D]; w1p: fp32 [D] from zero_centred_norm_weight."""
     return F.rms_norm(x.float(), (x.shape[-1],), w1p, eps).to(x.dtype)
-
-
-def paged_attend(q: torch.Tensor, kv: DevicePages, kv_layer: int, plan: AttentionPlan, t_all: int) -> torch.Tensor:
-    """Attention of the batch's T queries over their sequences' paged context (K/V already written).
-
-    q: [T, Hq, d]. Returns [t_all, Hq, d] (rows past T, padding, are zero)."""
-    t = q.shape[0]
-    k_pages, v_pages = kv.pages(kv_layer)
-    if plan.whole and t_all == t:
-        if plan.prefill:
-            _, _, start, pages = plan.prefill[0]
-            return kattn.paged_attention(q, k_pages, v_pages, pages, start)
-        return kattn.paged_decode_attention(q, k_pages, v_pages, plan.decode_pages, plan.decode_lens)
-    alloc = torch.empty if t_all == t else torch.zeros
-    out = alloc(t_all, q.shape[1], q.shape[2], dtype=q.dtype, device=q.device)
-    for row, n, start, pages in plan.prefill:
-        out[row:row + n] = kattn.paged_attention(q[row:row + n], k_pages, v_pages, pages, start)
-    if plan.decode_rows is not None:
-        qd = q.index_select(0, plan.decode_rows)
-        od = kattn.paged_decode_attention(qd, k_pages, v_pages, plan.decode_pages, plan.decode_lens)
-        out.index_copy_(0, plan.decode_rows, od)
-    return out
 
 
 class GatedAttention:
