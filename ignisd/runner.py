@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ignisd.cache.device_pages import DevicePages
+from ignisd.cache.kv_store import KVStore
 from ignisd.model.batch import ForwardBatch, SeqChunk
 from ignisd.sampling import make_generator, sample_row, token_logprobs
 from ignisd.scheduler import ItemResult, PlanItem, RoundPlan
@@ -30,12 +30,12 @@ def _passes(items: list[PlanItem]) -> list[list[int]]:
 class Runner:
     """Executes round plans on one model and one KV pool.
 
-    model: ignisd.model.hybrid.Model. kv: the DevicePages the pool's page ids index. states: the DeviceStates the
+    model: ignisd.model.hybrid.Decoder. kv: the KVStore the pool's page ids index. states: the StateStore the
     live state slots index (hybrid models), or None on an all-attention model. retained_states: {"device": ...,
-    "host": ...} DeviceStates holding the images of retained states (the retained slots index them; hybrids only).
+    "host": ...} StateStores holding the images of retained states (the retained slots index them; hybrids only).
     """
 
-    def __init__(self, model, kv: DevicePages, states=None, retained_states: dict | None = None):
+    def __init__(self, model, kv: KVStore, states=None, retained_states: dict | None = None):
         self.model = model
         self.kv = kv
         self.threads = torch.get_num_threads()
