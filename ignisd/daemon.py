@@ -180,7 +180,8 @@ class Daemon:
             dev_n = rc.device_slots if spec.is_hybrid else 0
             host_n = rc.host_slots_per_lane * cfg.server.lanes if spec.is_hybrid else 0
             if spec.is_hybrid:
-                retained_states = {"device": StateStore(state_buffers, dev_n), "host": StateStore(state_buffers, host_n)}
+                retained_states = {"device": StateStore(state_buffers, dev_n),
+                                   "host": StateStore(state_buffers, host_n)}
                 retained_bytes = sum(st.nbytes for st in retained_states.values())
             retained = RetainedStore(pool, Stamp(spec.structural_hash(), self.kv_format),
                                      device_slots=StateSlots(dev_n), host_slots=StateSlots(host_n),

@@ -1,5 +1,5 @@
-"""Decoder: the straight-line model (embed → layers → norm → lm_head) of every family this build runs (DESIGN §3):
-Llama, and the Qwen hybrids Qwen3.5 (dense MLP) and Qwen3-Next (MoE) (MODELS.md §2.2):
+"""Decoder: the straight-line model (embed → layers → norm → lm_head) of every family this build runs (DESIGN §3),
+Llama and the Qwen hybrids Qwen3.5 (dense MLP) and Qwen3-Next (MoE) (MODELS.md §2.2):
 
     h = embed_tokens[ids]
     for each layer i:

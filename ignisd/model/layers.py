@@ -91,8 +91,8 @@ def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
     """Inverse rotary frequencies over the rotated dims, fp32 [rotary_dim // 2] (rotary_dim = head_dim, except on
     the Qwen hybrids' partial rotary: transformers' inv_freq = θ^(−2i/rotary_dim)).
 
-    Default: 1 / theta^(2i/d), d = rotary_dim (Su et al. 2021, RoFormer). linear: divided by factor. llama3: transformers'
-    _compute_llama3_parameters (wavelength-dependent division with a smooth interpolation band).
+    Default: 1 / theta^(2i/d), d = rotary_dim (Su et al. 2021, RoFormer). linear: divided by factor. llama3:
+    transformers' _compute_llama3_parameters (wavelength-dependent division with a smooth interpolation band).
     Raises ValueError for another rope_type.
     """
     d = spec.rotary_dim

@@ -4,18 +4,13 @@ The spec is what the control plane (scheduler, cache manager, tiers) knows about
 per-sequence state buffers and a structural hash used in retained-state stamps (DESIGN §4.4). A ModelSpec has the
 attributes of a KV geometry (n_attention_layers, num_kv_heads, head_dim) and is passed as one to cache.kv_format.
 
-HF configs (transformers 5.24's LlamaConfig, Qwen3_5TextConfig / Qwen3NextConfig; MODELS.md §3):
-- Qwen3.5's multimodal config (`Qwen3_5ForConditionalGeneration`, model_type `qwen3_5`) nests the text model under
-  `text_config`; its top level adds eos ids (248046 there, 248044 in the text config). The text-only config
-  (`qwen3_5_text`) is flat, as are Qwen3-Next's and llama's.
-- hybrid layer_types come from the config or, absent, from `full_attention_interval` (default 4):
-  layer i is "linear_attention" if (i+1) % interval else "full_attention".
-- rope: `rope_parameters` (transformers 5: rope_theta, partial_rotary_factor, mrope_*) or the legacy top-level
-  `rope_theta` / `rope_scaling` / `partial_rotary_factor`; the hybrids' partial_rotary_factor defaults to 0.25
-  (transformers' default for both families). M-RoPE is ignored: for text-only input it equals plain partial RoPE
-  (MODELS.md §2.4).
-- MoE (qwen3_next): layer i uses the sparse block iff i not in mlp_only_layers and num_experts > 0 and
-  (i+1) % decoder_sparse_step == 0 (Qwen3NextDecoderLayer).
+HF configs (transformers 5.24's LlamaConfig, Qwen3_5TextConfig / Qwen3NextConfig; MODELS.md §3): Qwen3.5's
+multimodal config (`Qwen3_5ForConditionalGeneration`) nests the text model under `text_config`, its top level adding
+eos ids (248046 there, 248044 in the text config); the others are flat. Hybrid layer_types come from the config or
+from `full_attention_interval` (default 4: layer i is "linear_attention" iff (i+1) % interval). rope: transformers
+5's `rope_parameters` or the legacy top-level `rope_theta` / `rope_scaling` / `partial_rotary_factor` (hybrid
+default 0.25); M-RoPE is ignored (for text-only input it equals plain partial RoPE, MODELS.md §2.4). MoE
+(qwen3_next): layer i is sparse iff num_experts > 0, i not in mlp_only_layers and (i+1) % decoder_sparse_step == 0.
 """
 from __future__ import annotations
 
@@ -38,7 +33,9 @@ activation element size that goes with each."""
 _HF_LLAMA_ARCHS = {"LlamaForCausalLM"}
 _HF_HYBRID_ARCHS = {"Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3NextForCausalLM"}
 _HF_HYBRID_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_next"}
-# rope_parameters keys that are not scaling parameters
+# the GDN shape keys of a hybrid config and transformers' defaults; rope_parameters keys that are not scaling ones
+_HF_LINEAR_DEFAULTS = {"linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+                       "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
 _ROPE_NON_SCALING = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
 
@@ -132,7 +129,8 @@ class ModelSpec:
                              f"dimension for head_dim {self.head_dim}")
         if any(not 0 <= i < self.num_layers for i in self.moe_layers):
             raise ValueError(f"moe_layers {self.moe_layers} out of range for {self.num_layers} layers")
-        if self.moe_layers and not (0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0):
+        moe_ok = 0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0
+        if self.moe_layers and not moe_ok:
             raise ValueError(f"MoE layers need 0 < num_experts_per_tok ({self.num_experts_per_tok}) <= num_experts "
                              f"({self.num_experts}) and moe_intermediate_size > 0")
 
@@ -256,9 +254,6 @@ class ModelSpec:
         rope = dict(cfg.get("rope_parameters") or {})
         theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
         params = {**(cfg.get("rope_scaling") or {}), **{k: v for k, v in rope.items() if k not in _ROPE_NON_SCALING}}
-        if "type" in params and "rope_type" not in params:
-            params["rope_type"] = params.pop("type")
-        params.pop("type", None)
         eos: list[int] = []
         for src in (config, cfg):     # top level first (Qwen3.5: <|im_end|> 248046), then the text config's
             eos += [e for e in _ids(src.get("eos_token_id")) if e not in eos]
@@ -289,11 +284,7 @@ class ModelSpec:
             context_tokens=int(cfg.get("max_position_embeddings", 32768)),
             layer_types=_hybrid_layer_types(cfg, n_layers),
             partial_rotary_factor=float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))),
-            linear_num_key_heads=int(cfg.get("linear_num_key_heads", 16)),
-            linear_num_value_heads=int(cfg.get("linear_num_value_heads", 32)),
-            linear_key_head_dim=int(cfg.get("linear_key_head_dim", 128)),
-            linear_value_head_dim=int(cfg.get("linear_value_head_dim", 128)),
-            linear_conv_kernel_dim=int(cfg.get("linear_conv_kernel_dim", 4)),
+            **{k: int(cfg.get(k, default)) for k, default in _HF_LINEAR_DEFAULTS.items()},
             num_experts=num_experts, num_experts_per_tok=moe("num_experts_per_tok"),
             moe_intermediate_size=moe("moe_intermediate_size"),
             shared_expert_intermediate_size=moe("shared_expert_intermediate_size"),
@@ -351,11 +342,9 @@ class ModelSpec:
 
 
 def _normalise_rope_scaling(params: dict) -> dict | None:
-    """HF rope parameters (without rope_theta) -> None for plain RoPE, else a dict with rope_type.
-
-    Raises ValueError for rope types other than default / linear / llama3.
-    """
-    rope_type = params.get("rope_type", "default")
+    """HF rope parameters (without rope_theta; the type as `rope_type` or transformers 4's `type`) -> None for plain
+    RoPE, else a dict with rope_type. Raises ValueError for rope types other than default / linear / llama3."""
+    rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type == "default":
         return None
     if rope_type == "linear":

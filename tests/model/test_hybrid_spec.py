@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from ignisd.buffers import BufferSpec
+from ignisd.buffers import DTYPE_BYTES, BufferSpec, total_bytes
 from ignisd.cache.kv_format import KV_FORMATS, get_kv_format
 from ignisd.cache.state_store import StateStore
-from ignisd.model.spec import ModelSpec
+from ignisd.model.spec import KV_FORMAT_ACT_BYTES, ModelSpec
 
 MIB = 1 << 20
 
@@ -118,6 +118,28 @@ def test_spec_rejects_inconsistent_hybrids():
                                       num_hidden_layers=4), "x")
     with pytest.raises(ValueError, match="layer_types"):
         ModelSpec.from_hf_config(dict(QWEN3_NEXT_80B, layer_types=["full_attention"] * 3), "x")
+
+
+def test_state_buffers_are_what_state_bytes_counts():
+    s = ModelSpec.from_hf_config(QWEN3_5_27B, "Qwen3.5-27B")
+    assert s.state_buffers() == [BufferSpec("recurrent", (48, 48, 128, 128), "float32"),
+                                 BufferSpec("conv", (48, 10240, 3), "float32")]
+    assert s.state_buffers("bfloat16")[1] == BufferSpec("conv", (48, 10240, 3), "bfloat16")
+    assert total_bytes(s.state_buffers()) == s.state_bytes("fp32")
+    assert total_bytes(s.state_buffers("bfloat16")) == s.state_bytes("bf16") == s.state_bytes("fp32", act_bytes=2)
+    assert dataclasses.replace(s, layer_types=("full_attention",) * 64).state_buffers() == []
+    with pytest.raises(ValueError, match="dtype"):
+        s.state_buffers("float64")
+
+
+def test_state_bytes_formats_are_the_kv_formats():
+    """spec.py names the KV formats without importing cache/: its list must stay the cache's, with each format's
+    activation size equal to its dense storage element size."""
+    assert set(KV_FORMAT_ACT_BYTES) == set(KV_FORMATS)
+    for name, fmt in KV_FORMATS.items():
+        assert KV_FORMAT_ACT_BYTES[name] == DTYPE_BYTES[fmt.dtype]
+    with pytest.raises(ValueError, match="allowed"):
+        ModelSpec.from_hf_config(QWEN3_NEXT_80B, "x").state_bytes("hq-e8-2b")
 
 
 def _tiny_spec() -> ModelSpec:
