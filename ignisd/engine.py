@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ignisd.log import get_logger
 from ignisd.request import Cancel, DoneEvent, ErrorEvent, FinishReason, Request, Submit, TokenEvent
-from ignisd.scheduler import AdmissionError, QueueFull, Scheduler
+from ignisd.scheduler import Scheduler
+from ignisd.sequence import AdmissionError, QueueFull
 
 log = get_logger("sched")
 
@@ -143,7 +144,7 @@ class Engine:
                 continue
             checked = False
             plan = self.scheduler.schedule()
-            if not plan.items and not plan.restores:
+            if plan.empty:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -153,7 +154,8 @@ class Engine:
                 results = await loop.run_in_executor(self._executor, self.runner.execute, plan)
             except Exception as e:  # a failed forward fails only the requests in it
                 log.error("round_failed", error=repr(e))
-                for rid in {it.seq.rid for it in plan.items}:
+                self.scheduler.fail_round(plan)
+                for rid in dict.fromkeys(it.seq_id for it in plan.items):
                     for ev in self.scheduler.cancel(rid, FinishReason.CANCELLED):
                         self._emit(ErrorEvent(ev.rid, "internal", f"forward pass failed: {e!r}", None))
                 continue
@@ -171,34 +173,17 @@ class Engine:
     def reset(self) -> int:
         """The `reset` op: drop every retained state (pinned ones when their restore lets go). Returns how many were
         freed now (0 with reuse off). Runs on the event loop, like schedule() and update()."""
-        store = self.cache.retained
-        n = store.reset() if store is not None else 0
+        n = self.cache.reset()
         self._update_gauges()
         return n
 
-    def reuse_status(self) -> dict:
-        """`status.slots` and `status.retained`."""
-        store = self.cache.retained
-        if store is None:
-            return {"slots": {"device_total": 0, "device_free": 0, "host_total": 0, "host_free": 0}, "retained": []}
-        pools = store.slot_pools
-        slots = {"device_total": pools["device"].total if "device" in pools else 0,
-                 "device_free": store.slots_free("device"),
-                 "host_total": pools["host"].total if "host" in pools else 0,
-                 "host_free": store.slots_free("host")}
-        return {"slots": slots, "retained": store.rows()}
-
     def status(self) -> dict:
-        """The engine's part of the `status` op: lanes, queue, kv_pool, requests."""
+        """The engine's part of the `status` op: lanes, queue, requests, and the cache's kv_pool, slots, tiers,
+        retained and live_states."""
         c = self.scheduler.counts()
-        pool = self.cache.pool
         return {
             "lanes": {k: c[k] for k in ("total", "prefill", "decode", "evicted")},
             "queue": {"waiting": c["waiting"]},
-            "kv_pool": {"pages_total": pool.total, "pages_free": pool.free,
-                        "pages_live": self.cache.live_pages(), "pages_retained": self.cache.retained_pages()},
             "requests": self.scheduler.requests(),
-            "live_states": {"slots_total": self.cache.slots.total if self.cache.slots else 0,
-                            "slots_used": (self.cache.slots.total - self.cache.slots.free) if self.cache.slots else 0,
-                            "bytes_used": self.cache.live_state_bytes()},
+            **self.cache.status(),
         }

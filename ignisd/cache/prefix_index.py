@@ -16,7 +16,8 @@ import struct
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-PAGE_TOKENS = 64
+from ignisd.vocab import PAGE_TOKENS
+
 _ROOT = b""
 _PERSON = b"ignis-page-v1"
 
