@@ -100,21 +100,17 @@ class Engine:
                 for ev in self.scheduler.cancel(cmd.rid, cmd.reason):
                     self._emit(ev)
 
-    def _observe(self, plan, events, round_s: float) -> None:
+    def _observe(self, events) -> None:
         m = self.metrics
         now = time.monotonic()
         for ev in events:
-            if isinstance(ev, TokenEvent) and m is not None:
-                last = self._last_token_at.get(ev.rid)
-                if last is None:
-                    pass
-                else:
-                    m.inter_token_seconds.observe(now - last)
             if isinstance(ev, TokenEvent):
+                last = self._last_token_at.get(ev.rid)
+                if last is not None and m is not None:
+                    m.inter_token_seconds.observe(now - last)
                 self._last_token_at[ev.rid] = now
-            if isinstance(ev, DoneEvent) and m is not None:
-                if ev.ttft_ms > 0:
-                    m.ttft_seconds.observe(ev.ttft_ms / 1e3)
+            elif isinstance(ev, DoneEvent) and m is not None and ev.ttft_ms > 0:
+                m.ttft_seconds.observe(ev.ttft_ms / 1e3)
         self._update_gauges()
 
     def _update_gauges(self) -> None:
@@ -149,7 +145,6 @@ class Engine:
                 await self._wake.wait()
                 continue
             prefill_tokens, decode_tokens = plan.prefill_tokens, plan.decode_tokens
-            t0 = time.monotonic()
             try:
                 results = await loop.run_in_executor(self._executor, self.runner.execute, plan)
             except Exception as e:  # a failed forward fails only the requests in it
@@ -164,7 +159,7 @@ class Engine:
             if self.metrics is not None:
                 self.metrics.prefill_tokens_total.inc(prefill_tokens)
                 self.metrics.decode_tokens_total.inc(decode_tokens)
-            self._observe(plan, events, time.monotonic() - t0)
+            self._observe(events)
             for ev in events:
                 self._emit(ev)
             await asyncio.sleep(0)  # let the server write what this round produced
