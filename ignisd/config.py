@@ -140,7 +140,8 @@ def _toml_values(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
                 names = [k.name for k in KEYS if k.section == sec]
                 hint = difflib.get_close_matches(name, names, 1)
                 raise ConfigError(key, raw, f"keys of [{sec}]: {', '.join(names)}"
-                                  + (f" (did you mean {hint[0]}?)" if hint else ""), source, problem="unknown key, given")
+                                  + (f" (did you mean {hint[0]}?)" if hint else ""), source,
+                                  problem="unknown key, given")
             values[key] = _apply(key, raw, False, source)
     return values
 

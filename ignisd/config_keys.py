@@ -91,7 +91,8 @@ def _size_value(v, tokens_ok: bool, allowed: str) -> Size:
 
 def _p_size(lo: int = 0, tokens: bool = False, auto: bool = False, off: bool = False) -> tuple[Callable, str]:
     allowed = ("bytes or a size with K/M/G/T (powers of 1024)" + (", or tokens with a trailing tok (900Ktok)"
-               if tokens else "") + f", at least {lo}" + (", or \"auto\"" if auto else "") + (", or off" if off else ""))
+               if tokens else "") + f", at least {lo}" + (", or \"auto\"" if auto else "")
+              + (", or off" if off else ""))
 
     def parse(v, from_flag):
         if auto and v == "auto":

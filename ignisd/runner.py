@@ -31,9 +31,10 @@ def _passes(items: list[PlanItem]) -> list[list[int]]:
 class Runner:
     """Executes round plans on one model and one KV pool.
 
-    model: the decoder (forward(batch, kv, states)). kv: the KV store the pool's page ids index. states: the DeviceStates the
-    live state slots index (hybrid models), or None on an all-attention model. retained_states: {"device": ...,
-    "host": ...} DeviceStates holding the images of retained states (the retained slots index them; hybrids only).
+    model: the decoder (forward(batch, kv, states)). kv: the KV store the pool's page ids index. states: the state
+    store the live state slots index, or None when the model and the KV format keep no per-sequence state.
+    retained_states: {"device": ..., "host": ...} state stores holding the images of retained states (the retained
+    slots index them).
     """
 
     def __init__(self, model, kv, states=None, retained_states: dict | None = None):
@@ -101,8 +102,8 @@ class Runner:
             targets = list(it.targets)
             lp, tops, ranks = token_logprobs(rows[:len(targets)], torch.tensor(targets), it.prompt_logprobs)
             res.prompt_logprobs = [
-                {"token": t, "logprob": l, "rank": r, "top": [[a, b] for a, b in top]}
-                for t, l, r, top in zip(targets, lp, ranks, tops)]
+                {"token": t, "logprob": lpv, "rank": r, "top": [[a, b] for a, b in top]}
+                for t, lpv, r, top in zip(targets, lp, ranks, tops)]
         if it.sample:
             last = rows[-1]
             sp = it.sampling

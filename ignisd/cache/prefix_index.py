@@ -250,7 +250,7 @@ class PrefixIndex:
                 else:
                     hi = mid
             i = lo
-        for s, e, d in sorted(set(spans) ^ set(entry.spans)):    # images present on one side only
+        for s, _end, _digest in sorted(set(spans) ^ set(entry.spans)):    # images present on one side only
             if s < i:
                 i = s
             break
