@@ -30,9 +30,9 @@ from ignisd.scheduler import Scheduler
 from ignisd.server import Server
 from ignisd.text.chat_template import ChatTemplate
 from ignisd.text.tokenizer import Tokenizer
+from ignisd.vocab import PAGE_TOKENS
 
 log = get_logger("model")
-PAGE_TOKENS = 64
 # how each architecture's chat output is split into reasoning / tool calls (ignisd.text.output_parser)
 OUTPUT_FAMILIES = {"qwen3_5": "qwen3_5", "qwen3_next": "qwen3"}
 
@@ -183,7 +183,7 @@ class Daemon:
                 retained_states = {"device": StateStore(state_buffers, dev_n),
                                    "host": StateStore(state_buffers, host_n)}
                 retained_bytes = sum(st.nbytes for st in retained_states.values())
-            retained = RetainedStore(pool, Stamp(spec.structural_hash(), self.kv_format),
+            retained = RetainedStore(Stamp(spec.structural_hash(), self.kv_format), page_tokens=PAGE_TOKENS,
                                      device_slots=StateSlots(dev_n), host_slots=StateSlots(host_n),
                                      needs_slot=spec.is_hybrid, interactive_ttl=rc.retained_interactive_ttl)
         cache = CacheManager(pool, self.kv.page_bytes, slots=slots, state_bytes=state_bytes, retained=retained)

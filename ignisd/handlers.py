@@ -14,7 +14,8 @@ from ignis_client.divergence import diverged_at
 from ignisd.log import get_logger
 from ignisd.request import (DoneEvent, ErrorEvent, FinishReason, Priority, Request, ReuseInfo, SamplingParams,
                             TokenEvent)
-from ignisd.text.segments import CutPoints, cut_points, message_at_char, message_spans
+from ignisd.text.segments import CutPoints, cut_points
+from ignisd.text.spans import message_at_char, message_spans
 from ignisd.text.chat_template import prepare_messages
 from ignisd.text.output_parser import make_output_parser, prompt_starts_in_reasoning
 from ignisd.text.stream import StreamDecoder
@@ -306,10 +307,8 @@ class Handlers:
     def status(self) -> dict:
         """The full `status` object of DESIGN §5 (zeros where a feature does not exist yet)."""
         st = self.engine.status()
-        ru = self.engine.reuse_status()
-        return {"model": self.model_info, "lanes": st["lanes"], "queue": st["queue"], "kv_pool": st["kv_pool"],
-                "slots": ru["slots"], "tiers": [], "retained": ru["retained"], "requests": st["requests"],
-                "live_states": st["live_states"]}
+        return {"model": self.model_info, **{k: st[k] for k in ("lanes", "queue", "kv_pool", "slots", "tiers",
+                                                                 "retained", "requests", "live_states")}}
 
 
 def _merge(a: dict, b: dict) -> dict:
