@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in (512, 2048):          # ours and theirs alternate, best of --repeat each (the box may be shared)
         a = b = float("inf")
         for _ in range(args.repeat):
-            a = min(a, _best(lambda: ours.prefill(ids[:n], 256), 1))
-            b = min(b, _best(lambda: theirs.prefill(ids[:n], 256), 1))
+            a = min(a, _best(lambda n=n: ours.prefill(ids[:n], 256), 1))
+            b = min(b, _best(lambda n=n: theirs.prefill(ids[:n], 256), 1))
         rows.append((f"prefill {n} tok (chunks of 256)", n / a, n / b))
     for lanes in (1, 8):
         prompts = [ids[128 * i:128 * (i + 1)] for i in range(lanes)]

@@ -52,7 +52,8 @@ def test_qwen3_5_27b_sizes():
     s = ModelSpec.from_hf_config(QWEN3_5_27B, "Qwen3.5-27B")
     assert s.arch == "qwen3_5" and s.is_hybrid
     assert (s.num_layers, s.n_gdn_layers, s.n_attention_layers) == (64, 48, 16)
-    assert s.layer_types[:4] == ("linear_attention",) * 3 + ("full_attention",) and s.layer_types[-1] == "full_attention"
+    assert s.layer_types[:4] == ("linear_attention",) * 3 + ("full_attention",)
+    assert s.layer_types[-1] == "full_attention"
     assert (s.vocab_size, s.hidden_size, s.head_dim, s.rotary_dim, s.conv_dim) == (248320, 5120, 256, 64, 10240)
     assert s.rope_theta == 1e7 and s.rope_scaling is None and s.context_tokens == 262144
     assert s.eos_token_ids == (248046, 248044) and not s.tie_word_embeddings and s.moe_layers == ()
