@@ -116,12 +116,12 @@ def _moe(w: _Weights, p: str, s: ModelSpec) -> SparseMoE:
                      w.take(m + "shared_expert_gate.weight", (1, h)), s.num_experts_per_tok, s.norm_topk_prob)
 
 
-def _fits(states: SlotStates | None, spec: ModelSpec) -> bool:
-    """Whether `states` holds the buffers of spec.state_buffers() (per-slot shapes)."""
+def _fits(states: SlotStates | None, shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether `states` holds a buffer of each name with that per-slot shape."""
     if states is None:
         return False
     try:
-        return all(tuple(states.buffer(b.name).shape[1:]) == b.shape for b in spec.state_buffers())
+        return all(tuple(states.buffer(name).shape[1:]) == shape for name, shape in shapes.items())
     except KeyError:
         return False
 
@@ -180,6 +180,7 @@ class Decoder:
             self.layers.append(_Layer(mixer, mlp, RMSNorm(w.take(p + "input_layernorm.weight", (h,)), eps, zc),
                                       RMSNorm(w.take(p + "post_attention_layernorm.weight", (h,)), eps, zc)))
         self.rotary = Rotary(spec, device=self.embed.device)    # over the rotated dims only (spec.rotary_dim)
+        self._state_shapes = {b.name: b.shape for b in spec.state_buffers()}
         self.device = self.embed.device
         self.dtype = self.embed.dtype
 
@@ -212,7 +213,7 @@ class Decoder:
                              f"{s.n_attention_layers}: built for a different model")
         gplan = None
         if s.n_gdn_layers:
-            if not _fits(states, s):
+            if not _fits(states, self._state_shapes):
                 raise ValueError("a hybrid model's forward needs the state store (StateStore) of this model's "
                                  "state_buffers()")
             gplan = GDNPlan.from_batch(batch)
