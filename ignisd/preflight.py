@@ -7,10 +7,8 @@ KV format and weight format, the context cap, and the KV pool's size (at least o
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ignisd.cache.kv_format import get_kv_format
 from ignisd.config import Config
 from ignisd.vocab import PAGE_TOKENS
 
@@ -105,23 +103,3 @@ def mem_available_bytes() -> int:
     except OSError:
         pass
     return 8 << 30
-
-
-def model_metadata(path: Path) -> tuple[dict | None, Path]:
-    """What the model at `path` declares before any weight is read: (config.json as a dict, or None for a GGUF
-    file, the file or directory). Raises FileNotFoundError as the loader would."""
-    if path.is_dir():
-        if (path / "config.json").is_file():
-            return json.loads((path / "config.json").read_text()), path
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) != 1:
-            raise FileNotFoundError(f"{path}: no config.json and {len(ggufs)} .gguf files (need exactly one)")
-        return None, ggufs[0]
-    if path.is_file():
-        return None, path
-    raise FileNotFoundError(f"model path {path} does not exist")
-
-
-def kv_bytes_per_token(spec, kv_format: str) -> int:
-    """KV bytes of one token of `spec` (a ModelSpec, read as a KV geometry) in `kv_format`."""
-    return get_kv_format(kv_format).bytes_per_token(spec)

@@ -1,7 +1,7 @@
 """The KV pool's page accounting: free list and reference counts (DESIGN §4.1). †: imports no torch.
 
 A page is either free or held by N ≥ 1 holders (live sequences, later retained states); its refcount is N.
-The tensors that hold page contents live in `device_pages.py`; this module only hands out page ids.
+The tensors that hold page contents live in `kv_store.py`; this module only hands out page ids.
 """
 from __future__ import annotations
 

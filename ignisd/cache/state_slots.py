@@ -1,8 +1,9 @@
 """Accounting of per-sequence state slots (DESIGN §4.2). †: imports no torch.
 
-A hybrid model's GDN layers keep a fixed-size recurrent state and conv history per sequence. Each live sequence owns
-one live slot (allocated at admission, freed at the end); the tensors behind slot ids live in
-`device_states.py`. On an all-attention model no slot holds any bytes, and sequences get none.
+A hybrid model's GDN layers keep a fixed-size recurrent state and conv history per sequence (and a KV format may
+add state of its own). Each live sequence owns one live slot (allocated at admission, freed at the end); the tensors
+behind slot ids live in `state_store.py`. When neither the model nor the format lists state buffers there are no
+slots, and sequences get none. The retained image slots are pools of the same kind.
 """
 from __future__ import annotations
 
