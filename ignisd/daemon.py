@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import signal
 import socket
@@ -20,7 +19,8 @@ from ignisd.cache.retained import RetainedStore, Stamp
 from ignisd.cache.state_slots import StateSlots
 from ignisd.config import Config
 from ignisd.engine import Engine
-from ignisd.handlers import Handlers
+from ignisd.edge import Edge
+from ignisd.fronts.ndjson import NdjsonFront
 from ignisd.log import get_logger
 from ignisd.metrics import Metrics
 from ignisd.model.loader import load_model
@@ -29,6 +29,7 @@ from ignisd.scheduler import Scheduler
 from ignisd.server import Server
 from ignisd.text.chat_template import ChatTemplate
 from ignisd.text.tokenizer import Tokenizer
+from ignisd.unix_socket import SocketPathError, prepare_socket, socket_gid
 
 log = get_logger("model")
 PAGE_TOKENS = 64
@@ -101,40 +102,16 @@ def plan_pool_pages(cfg: Config, spec, fmt: str, context: int) -> int:
     return int(pages)
 
 
-def _socket_gid(group: str | None) -> int | None:
-    """The gid of server.socket_group (None when unset). Raises StartupError (exit 2) for an unknown group."""
-    if not group:
-        return None
-    import grp
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        raise StartupError(f"server.socket_group {group!r}: no such group", exit_code=2) from None
-
-
-def prepare_socket(path: str, mode: int) -> None:
-    """Make the socket's directory; remove a stale socket file; refuse when a live daemon answers there."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    if p.exists() or p.is_socket():
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            try:
-                s.connect(path)
-            except OSError as e:
-                if e.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
-                    raise
-            else:
-                raise StartupError(f"another ignisd is already serving on {path}; stop it or pass --socket")
-        p.unlink(missing_ok=True)
-
-
 class Daemon:
     """The whole process: model, pool, engine, server. Build with `Daemon(cfg)`, run with `await daemon.run()`."""
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        prepare_socket(cfg.server.socket, cfg.server.socket_mode)  # refuse before the slow model load
-        self.socket_gid = _socket_gid(cfg.server.socket_group)
+        try:  # refuse before the slow model load
+            prepare_socket(cfg.server.socket)
+            self.socket_gid = socket_gid(cfg.server.socket_group)
+        except SocketPathError as e:
+            raise StartupError(str(e), exit_code=e.exit_code) from None
         if cfg.model.kv_format == "hq-e8-2b":
             choose_kv_format(cfg, None)  # refused before the slow model load
         t0 = time.monotonic()
@@ -203,12 +180,13 @@ class Daemon:
                 raise StartupError(f"server.api_key_file {cfg.server.api_key_file!r}: {e.strerror}") from None
             if not api_key:
                 raise StartupError(f"server.api_key_file {cfg.server.api_key_file!r} is empty")
-        self.handlers = Handlers(self.engine, tk, self.template, model_info=model_info, context_tokens=context,
-                                 default_max_tokens=cfg.server.default_max_tokens,
-                                 developer_policy=cfg.server.developer_message_policy, metrics=self.metrics,
-                                 output_family=OUTPUT_FAMILIES.get(spec.arch, "none"))
-        self.server = Server(self.engine, self.handlers, max_line_bytes=cfg.server.max_line_bytes,
-                             max_inflight=cfg.server.max_inflight_per_connection, api_key=api_key)
+        self.edge = Edge(self.engine, tk, self.template, model_info=model_info, context_tokens=context,
+                         default_max_tokens=cfg.server.default_max_tokens,
+                         developer_policy=cfg.server.developer_message_policy, metrics=self.metrics,
+                         output_family=OUTPUT_FAMILIES.get(spec.arch, "none"))
+        self.server = Server(NdjsonFront(self.edge), max_line_bytes=cfg.server.max_line_bytes,
+                             max_inflight=cfg.server.max_inflight_per_connection, api_key=api_key,
+                             metrics=self.metrics)
         log.info("vram_plan", model=spec.name, model_bytes=self.loaded.weight_bytes, kv_format=self.kv_format,
                  page_bytes=self.kv.page_bytes, kv_pool_pages=pages, kv_pool_tokens=pages * PAGE_TOKENS,
                  kv_pool_bytes=self.kv.nbytes, state_bytes=state_bytes,
@@ -230,7 +208,10 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
         path = self.cfg.server.socket
-        prepare_socket(path, self.cfg.server.socket_mode)
+        try:
+            prepare_socket(path)
+        except SocketPathError as e:
+            raise StartupError(str(e), exit_code=e.exit_code) from None
         engine_task = asyncio.create_task(self.engine.run())
         await self.server.start(path)
         os.chmod(path, self.cfg.server.socket_mode)
