@@ -169,7 +169,10 @@ class Connection:
         self.inflight[op.id] = task
 
     async def _run_op(self, op) -> None:
-        try:
+        if self.closed:   # the client left before this request started: submit nothing for it
+            self.inflight.pop(op.id, None)
+            return
+        try:   # no await comes before a generation request is submitted and in self.rids (disconnect() sees it)
             await self.server.front.answer(self, op)
         except P.ProtocolError as e:
             await self.send(P.error(op.id, e.code, e.message, e.field))

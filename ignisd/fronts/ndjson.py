@@ -85,7 +85,7 @@ class NdjsonFront:
         await method(conn, op)
 
     async def _generate(self, conn, op, gen) -> None:
-        conn.rids[op.id] = gen.request.rid
+        conn.rids[op.id] = gen.request.rid   # with the first step of the stream (the submit): no await between
         async for ev in self.edge.stream(gen):
             if isinstance(ev, EdgeDelta):
                 await conn.send(delta_reply(op.id, ev))
