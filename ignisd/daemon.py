@@ -18,8 +18,8 @@ from ignisd.cache.page_pool import PagePool
 from ignisd.cache.retained import RetainedStore, Stamp
 from ignisd.cache.state_slots import StateSlots
 from ignisd.config import Config
-from ignisd.engine import Engine
 from ignisd.edge import Edge
+from ignisd.engine import Engine
 from ignisd.fronts.ndjson import NdjsonFront
 from ignisd.log import get_logger
 from ignisd.metrics import Metrics

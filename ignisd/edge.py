@@ -16,13 +16,12 @@ plain dataclasses: no wire dicts. †: imports no torch.
 """
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Union
 
 from ignisd.log import get_logger
 from ignisd.prompt import Prompt, Prompts, Reuse
-from ignisd.request import (DoneEvent, ErrorEvent, FinishReason, Priority, Request, ReuseInfo, SamplingParams,
-                            TokenEvent)
+from ignisd.request import DoneEvent, ErrorEvent, FinishReason, Priority, Request, ReuseInfo, SamplingParams, TokenEvent
 from ignisd.text.output_parser import OutputParser, make_output_parser, prompt_starts_in_reasoning
 from ignisd.text.stream import StreamDecoder
 
@@ -134,7 +133,7 @@ class EdgeError:
     field: str | None = None
 
 
-EdgeEvent = Union[EdgeDelta, EdgeDone, EdgeError]
+EdgeEvent = EdgeDelta | EdgeDone | EdgeError
 
 
 @dataclass

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ignis_client import protocol as P
 from ignis_client.divergence import diverged_at
+
 from ignisd.log import get_logger
 from ignisd.request import ReuseInfo
 from ignisd.text.chat_template import prepare_messages

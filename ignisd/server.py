@@ -16,6 +16,7 @@ import itertools
 import select
 
 from ignis_client import protocol as P
+
 from ignisd.fronts.ndjson import NdjsonFront
 from ignisd.log import get_logger
 
@@ -27,7 +28,7 @@ GONE_POLL_S = 0.1   # after end of input, how often a connection checks whether 
 class Connection:
     """One client connection: its writer, in-flight requests (client id → task) and engine rids."""
 
-    def __init__(self, server: "Server", reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(self, server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.server = server
         self.reader = reader
         self.writer = writer
@@ -234,7 +235,7 @@ class Server:
         for conn in list(self.connections):
             try:
                 await asyncio.wait_for(conn.writer.drain(), timeout=2)
-            except (asyncio.TimeoutError, ConnectionError, RuntimeError):
+            except (TimeoutError, ConnectionError, RuntimeError):
                 pass
         for conn in list(self.connections):
             try:

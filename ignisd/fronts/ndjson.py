@@ -7,6 +7,7 @@ replies (`send`); a request error raises ProtocolError, which the connection ans
 from __future__ import annotations
 
 from ignis_client import protocol as P
+
 from ignisd.edge import Edge, EdgeDelta, EdgeDone, EdgeError, TokenLogprob, ToolCall, ToolCallPiece
 from ignisd.prompt import Reuse
 

@@ -12,7 +12,8 @@ import pytest
 
 def _serve(sock_path, timeout=60):
     return subprocess.run([sys.executable, "-m", "ignisd", "serve", "--socket", str(sock_path),
-                           "--model", "/nonexistent/model.gguf"], capture_output=True, text=True, timeout=timeout)
+                           "--model", "/nonexistent/model.gguf"], check=False, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def _refused(r, *needles):
