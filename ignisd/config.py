@@ -38,6 +38,7 @@ class ModelConfig:
     path: str | None = None               # None: the built-in SmolLM2-135M-Instruct
     kv_format: str | None = None          # None: auto (hq-e8-2b if head_dim >= 128, else fp32 on CPU / bf16 on CUDA)
     context_tokens: int | None = None     # None: the model's
+    weight_format: str = "native"         # native (the file's quantization where a kernel exists) | bf16 | fp32
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class ServerConfig:
     request_log: str | None = None        # path; None: off
     request_log_bytes: int = 64 * 2**20
     canonicalize_tools: bool = False
+    strip_billing_header: bool = True     # drop a system block starting x-anthropic-billing-header: (HTTP fronts)
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,8 @@ def _toml_values(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
                 names = [k.name for k in KEYS if k.section == sec]
                 hint = difflib.get_close_matches(name, names, 1)
                 raise ConfigError(key, raw, f"keys of [{sec}]: {', '.join(names)}"
-                                  + (f" (did you mean {hint[0]}?)" if hint else ""), source, problem="unknown key, given")
+                                  + (f" (did you mean {hint[0]}?)" if hint else ""), source,
+                                  problem="unknown key, given")
             values[key] = _apply(key, raw, False, source)
     return values
 

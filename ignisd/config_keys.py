@@ -17,6 +17,7 @@ SECTIONS = ("model", "vram", "kv", "reuse", "server")
 ALIASES = {"--config": None, "--model": "model.path", "--socket": "server.socket", "--lanes": "server.lanes",
            "--log-level": "server.log_level"}
 KV_FORMAT_CHOICES = ("fp32", "bf16", "hq-e8-2b")
+WEIGHT_FORMAT_CHOICES = ("native", "bf16", "fp32")
 DEVELOPER_POLICIES = ("keep", "into-system", "after-system")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -90,7 +91,8 @@ def _size_value(v, tokens_ok: bool, allowed: str) -> Size:
 
 def _p_size(lo: int = 0, tokens: bool = False, auto: bool = False, off: bool = False) -> tuple[Callable, str]:
     allowed = ("bytes or a size with K/M/G/T (powers of 1024)" + (", or tokens with a trailing tok (900Ktok)"
-               if tokens else "") + f", at least {lo}" + (", or \"auto\"" if auto else "") + (", or off" if off else ""))
+               if tokens else "") + f", at least {lo}" + (", or \"auto\"" if auto else "")
+              + (", or off" if off else ""))
 
     def parse(v, from_flag):
         if auto and v == "auto":
@@ -239,6 +241,7 @@ KEYS: tuple[KeySpec, ...] = (
     _k("model.path", _p_path(none_word="builtin")),
     _k("model.kv_format", _p_choice(KV_FORMAT_CHOICES, auto=True)),
     _k("model.context_tokens", _p_int(1, _I32, auto=True)),
+    _k("model.weight_format", _p_choice(WEIGHT_FORMAT_CHOICES)),
     _k("vram.kv_pool_bytes", _p_size(lo=1, tokens=True, auto=True)),
     _k("kv.exact_window", _p_int(0, _I32, auto=True)),
     _k("kv.exact_sinks", _p_int(0, _I32)),
@@ -273,6 +276,7 @@ KEYS: tuple[KeySpec, ...] = (
     _k("server.request_log", _p_path(none_word="off")),
     _k("server.request_log_bytes", _p_size(lo=1024)),
     _k("server.canonicalize_tools", _p_bool()),
+    _k("server.strip_billing_header", _p_bool()),
 )
 KEY_BY_NAME: dict[str, KeySpec] = {k.key: k for k in KEYS}
 FLAGS: dict[str, str | None] = {**{k.flag: k.key for k in KEYS}, **ALIASES}

@@ -30,9 +30,9 @@ from ignisd.server import Server
 from ignisd.text.chat_template import ChatTemplate
 from ignisd.text.tokenizer import Tokenizer
 from ignisd.unix_socket import SocketPathError, prepare_socket, socket_gid
+from ignisd.vocab import PAGE_TOKENS
 
 log = get_logger("model")
-PAGE_TOKENS = 64
 # how each architecture's chat output is split into reasoning / tool calls (ignisd.text.output_parser)
 OUTPUT_FAMILIES = {"qwen3_5": "qwen3_5", "qwen3_next": "qwen3"}
 
@@ -157,7 +157,7 @@ class Daemon:
                 from ignisd.cache.device_states import DeviceStates
                 retained_states = {"device": DeviceStates(spec, dev_n), "host": DeviceStates(spec, host_n)}
                 retained_bytes = sum(st.nbytes for st in retained_states.values())
-            retained = RetainedStore(pool, Stamp(spec.structural_hash(), self.kv_format),
+            retained = RetainedStore(Stamp(spec.structural_hash(), self.kv_format), page_tokens=PAGE_TOKENS,
                                      device_slots=StateSlots(dev_n), host_slots=StateSlots(host_n),
                                      needs_slot=spec.is_hybrid, interactive_ttl=rc.retained_interactive_ttl)
         cache = CacheManager(pool, self.kv.page_bytes, slots=slots, state_bytes=state_bytes, retained=retained)

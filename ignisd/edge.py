@@ -339,10 +339,8 @@ class Edge:
     def status(self) -> dict:
         """The full `status` object of DESIGN §5 (zeros where a feature does not exist yet)."""
         st = self.engine.status()
-        ru = self.engine.reuse_status()
-        return {"model": self.model_info, "lanes": st["lanes"], "queue": st["queue"], "kv_pool": st["kv_pool"],
-                "slots": ru["slots"], "tiers": [], "retained": ru["retained"], "requests": st["requests"],
-                "live_states": st["live_states"]}
+        return {"model": self.model_info, **{k: st[k] for k in ("lanes", "queue", "kv_pool", "slots", "tiers",
+                                                                 "retained", "requests", "live_states")}}
 
     def metrics_text(self) -> str:
         """Prometheus exposition of the daemon's metrics ("" without metrics)."""

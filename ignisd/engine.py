@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ignisd.log import get_logger
 from ignisd.request import Cancel, DoneEvent, ErrorEvent, FinishReason, Request, Submit, TokenEvent
-from ignisd.scheduler import AdmissionError, QueueFull, Scheduler
+from ignisd.scheduler import Scheduler
+from ignisd.sequence import AdmissionError, QueueFull
 
 log = get_logger("sched")
 
@@ -99,21 +100,17 @@ class Engine:
                 for ev in self.scheduler.cancel(cmd.rid, cmd.reason):
                     self._emit(ev)
 
-    def _observe(self, plan, events, round_s: float) -> None:
+    def _observe(self, events) -> None:
         m = self.metrics
         now = time.monotonic()
         for ev in events:
-            if isinstance(ev, TokenEvent) and m is not None:
-                last = self._last_token_at.get(ev.rid)
-                if last is None:
-                    pass
-                else:
-                    m.inter_token_seconds.observe(now - last)
             if isinstance(ev, TokenEvent):
+                last = self._last_token_at.get(ev.rid)
+                if last is not None and m is not None:
+                    m.inter_token_seconds.observe(now - last)
                 self._last_token_at[ev.rid] = now
-            if isinstance(ev, DoneEvent) and m is not None:
-                if ev.ttft_ms > 0:
-                    m.ttft_seconds.observe(ev.ttft_ms / 1e3)
+            elif isinstance(ev, DoneEvent) and m is not None and ev.ttft_ms > 0:
+                m.ttft_seconds.observe(ev.ttft_ms / 1e3)
         self._update_gauges()
 
     def _update_gauges(self) -> None:
@@ -143,17 +140,17 @@ class Engine:
                 continue
             checked = False
             plan = self.scheduler.schedule()
-            if not plan.items and not plan.restores:
+            if plan.empty:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             prefill_tokens, decode_tokens = plan.prefill_tokens, plan.decode_tokens
-            t0 = time.monotonic()
             try:
                 results = await loop.run_in_executor(self._executor, self.runner.execute, plan)
             except Exception as e:  # a failed forward fails only the requests in it
                 log.error("round_failed", error=repr(e))
-                for rid in {it.seq.rid for it in plan.items}:
+                self.scheduler.fail_round(plan)
+                for rid in dict.fromkeys(it.seq_id for it in plan.items):
                     for ev in self.scheduler.cancel(rid, FinishReason.CANCELLED):
                         self._emit(ErrorEvent(ev.rid, "internal", f"forward pass failed: {e!r}", None))
                 continue
@@ -162,7 +159,7 @@ class Engine:
             if self.metrics is not None:
                 self.metrics.prefill_tokens_total.inc(prefill_tokens)
                 self.metrics.decode_tokens_total.inc(decode_tokens)
-            self._observe(plan, events, time.monotonic() - t0)
+            self._observe(events)
             for ev in events:
                 self._emit(ev)
             await asyncio.sleep(0)  # let the server write what this round produced
@@ -171,34 +168,17 @@ class Engine:
     def reset(self) -> int:
         """The `reset` op: drop every retained state (pinned ones when their restore lets go). Returns how many were
         freed now (0 with reuse off). Runs on the event loop, like schedule() and update()."""
-        store = self.cache.retained
-        n = store.reset() if store is not None else 0
+        n = self.cache.reset()
         self._update_gauges()
         return n
 
-    def reuse_status(self) -> dict:
-        """`status.slots` and `status.retained`."""
-        store = self.cache.retained
-        if store is None:
-            return {"slots": {"device_total": 0, "device_free": 0, "host_total": 0, "host_free": 0}, "retained": []}
-        pools = store.slot_pools
-        slots = {"device_total": pools["device"].total if "device" in pools else 0,
-                 "device_free": store.slots_free("device"),
-                 "host_total": pools["host"].total if "host" in pools else 0,
-                 "host_free": store.slots_free("host")}
-        return {"slots": slots, "retained": store.rows()}
-
     def status(self) -> dict:
-        """The engine's part of the `status` op: lanes, queue, kv_pool, requests."""
+        """The engine's part of the `status` op: lanes, queue, requests, and the cache's kv_pool, slots, tiers,
+        retained and live_states."""
         c = self.scheduler.counts()
-        pool = self.cache.pool
         return {
             "lanes": {k: c[k] for k in ("total", "prefill", "decode", "evicted")},
             "queue": {"waiting": c["waiting"]},
-            "kv_pool": {"pages_total": pool.total, "pages_free": pool.free,
-                        "pages_live": self.cache.live_pages(), "pages_retained": self.cache.retained_pages()},
             "requests": self.scheduler.requests(),
-            "live_states": {"slots_total": self.cache.slots.total if self.cache.slots else 0,
-                            "slots_used": (self.cache.slots.total - self.cache.slots.free) if self.cache.slots else 0,
-                            "bytes_used": self.cache.live_state_bytes()},
+            **self.cache.status(),
         }

@@ -1,115 +1,119 @@
-"""Plan and sequence records of the scheduler: what a round runs and each request's live state (DESIGN §2, §4.1).
+"""The round plan: what one round runs, as plain values (DESIGN §2). †: imports no torch.
 
-†: imports no torch. `Sequence` is a request's live state in the scheduler; a `RoundPlan` lists the round's
-`RestoreOp`s and `PlanItem`s (each optionally carrying a `CaptureOp`); the runner answers with one `ItemResult` per
-item. `AdmissionError` and `QueueFull` are the refusals of ``Scheduler.submit``.
+The scheduler builds a `RoundPlan` and the runner executes it in the forward worker thread, so every record here is
+a frozen value — sequence ids, positions, token ids, page ids, slots, sampling parameters — and never a live
+scheduler object: the worker cannot see (or race with) the scheduler's state. A plan lists the tier moves that a
+transfer step runs first (none until tiers exist), then `RestoreOp`s, then `PlanItem`s in order, each optionally
+carrying a `CaptureOp` run after its pass. The runner answers with one `ItemResult` per item.
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
-from ignisd.request import Request, ReuseInfo
-from ignisd.text.segments import TraversalPlan
+from ignisd.request import SamplingParams
+
+PREFILL, DECODE = "prefill", "decode"
+LOGITS_MODES = ("last", "all", "none")
 
 
-class SeqState(enum.Enum):
-    """Where a sequence is: waiting for a lane, prefilling its prompt, decoding, or finished."""
+@dataclass(frozen=True)
+class TierMove:
+    """Move the bytes of state `state_id` from one tier's placement to another's before the round's passes
+    (DESIGN §4.5: one window between rounds). src_tier / dst_tier: "device" | "ram" | "disk"; pages / dst_pages:
+    device pages read or written; extents: KV-RAM arena extents [(offset, bytes)]; disk_file: the KV-disk file.
+    The cache manager plans none until the KV-RAM and KV-disk tiers exist."""
 
-    WAITING = "waiting"
-    PREFILL = "prefill"
-    DECODE = "decode"
-    FINISHED = "finished"
-
-
-@dataclass
-class Sequence:
-    """A request's live state in the scheduler. Token counts are tokens; times are time.monotonic() seconds."""
-
-    req: Request
-    state: SeqState = SeqState.WAITING
-    pages: list[int] = field(default_factory=list)
-    slot: int | None = None            # live state slot (hybrid models)
-    computed: int = 0                  # tokens whose K/V are in the pool
-    output: list[int] = field(default_factory=list)
-    prompt_logprobs: list | None = None
-    admitted_at: float | None = None
-    first_token_at: float | None = None
-    prefilled: int = 0
-    resume: int = 0                    # tokens restored from a retained state (0: cold)
-    plan: TraversalPlan | None = None  # traversals and captures, set at admission
-    restore: "RestoreOp | None" = None  # pending until the round carrying it has run
-    tickets: list = field(default_factory=list)   # captures reserved for the round in flight
-    reuse: ReuseInfo = field(default_factory=ReuseInfo)
-
-    @property
-    def rid(self) -> str:
-        return self.req.rid
-
-    @property
-    def bound_tokens(self) -> int:
-        """prompt + max_tokens: what admission reserves."""
-        return len(self.req.prompt_ids) + self.req.sampling.max_tokens
+    state_id: str
+    src_tier: str
+    dst_tier: str
+    pages: tuple[int, ...] = ()
+    dst_pages: tuple[int, ...] = ()
+    extents: tuple[tuple[int, int], ...] = ()
+    disk_file: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class RestoreOp:
-    """Resume `seq` from retained state `state_id` before the round's passes: copy page `src_page` (the state's
-    partial last page) into `dst_page` (the sequence's own page) when not None, and the image in retained slot
-    (`slot_tier`, `slot`) into the sequence's live slot when `slot` is not None."""
+    """Resume sequence `seq_id` from retained state `state_id` before the round's passes: copy page `src_page`
+    (the state's partial last page) into `dst_page` (the sequence's own page) when not None, and the image in
+    retained slot (`slot_tier`, `slot`) into the sequence's live slot `dst_slot` when `slot` is not None."""
 
-    seq: Sequence
+    seq_id: str
     state_id: str
     src_page: int | None
     dst_page: int | None
     slot_tier: str | None
     slot: int | None
+    dst_slot: int | None
 
 
-@dataclass
+@dataclass(frozen=True)
 class CaptureOp:
-    """After the pass holding its item: copy the live image into retained slot (`slot_tier`, `slot`) when `slot` is
-    not None, and the sequence's page `src_page` (its partial page at `pos`) into `copy_page` when not None."""
+    """After the pass holding its item: copy the live image of slot `src_slot` into retained slot (`slot_tier`,
+    `slot`) when `slot` is not None, and the sequence's page `src_page` (its partial page at `pos`) into `copy_page`
+    when not None. ticket_id: the cache manager's handle for commit / abort. pos: tokens covered. kind: "prefix" |
+    "checkpoint"."""
 
-    ticket: object
+    ticket_id: str
+    seq_id: str
     pos: int
     kind: str
     slot_tier: str | None
     slot: int | None
+    src_slot: int | None
     src_page: int | None
     copy_page: int | None
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlanItem:
-    """One forward slice of one sequence: `token_ids` at positions [start, start+len).
+    """One forward slice of one sequence: `token_ids` at positions [start, start + len).
 
-    logits: "last" | "all" (prompt_logprobs) | "none". sample: draw the next token from the last row.
-    capture: a CaptureOp to run after this item's pass, or None.
+    seq_id: the request's engine id. page_ids: the sequence's KV pages in position order (covering at least
+    start + len tokens). slot: its live state slot (None when the model and format keep no per-sequence state).
+    phase: "prefill" | "decode". logits: "last" | "all" (prompt_logprobs) | "none". sample: draw the next token from
+    the last row with `sampling` (a per-request generator keyed by seq_id). prompt_logprobs: K of the request's
+    prompt_logprobs (None: off); targets: for logits "all", the prompt token each row predicts (positions
+    start+1 … start+len, at most the prompt's end). capture: a CaptureOp to run after this item's pass, or None.
     """
 
-    seq: Sequence
+    seq_id: str
     start: int
-    token_ids: list[int]
+    token_ids: tuple[int, ...]
+    page_ids: tuple[int, ...]
+    slot: int | None
+    phase: str
     logits: str
     sample: bool
+    sampling: SamplingParams
+    prompt_logprobs: int | None = None
+    targets: tuple[int, ...] = ()
     capture: CaptureOp | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class RoundPlan:
-    """What one round runs: `restores` first, then `items` in order (decode lanes first, then prefill chunks)."""
+    """What one round runs: `moves` first (the transfer step), then `restores`, then `items` in order (decode lanes
+    first, then prefill chunks)."""
 
-    items: list[PlanItem]
-    restores: list[RestoreOp] = field(default_factory=list)
+    items: tuple[PlanItem, ...]
+    restores: tuple[RestoreOp, ...] = ()
+    moves: tuple[TierMove, ...] = ()
 
     @property
     def prefill_tokens(self) -> int:
-        return sum(len(i.token_ids) for i in self.items if i.seq.state is SeqState.PREFILL)
+        """Prompt tokens this round prefills."""
+        return sum(len(i.token_ids) for i in self.items if i.phase == PREFILL)
 
     @property
     def decode_tokens(self) -> int:
-        return sum(1 for i in self.items if i.seq.state is SeqState.DECODE)
+        """Decode lanes this round steps (one token each)."""
+        return sum(1 for i in self.items if i.phase == DECODE)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to run."""
+        return not self.items and not self.restores and not self.moves
 
 
 @dataclass
@@ -120,16 +124,4 @@ class ItemResult:
     token_id: int | None = None
     logprob: float | None = None
     top: list[tuple[int, float]] | None = None
-    prompt_logprobs: list | None = None
-
-
-class AdmissionError(Exception):
-    """A request that can never run (context or pool too small); code/field are wire error fields."""
-
-    def __init__(self, code: str, message: str, field: str | None):
-        super().__init__(message)
-        self.code, self.message, self.field = code, message, field
-
-
-class QueueFull(Exception):
-    """server.max_queue requests are already waiting (wire code `busy`)."""
+    prompt_logprobs: list | None = field(default=None)

@@ -58,7 +58,8 @@ class Request:
     """One generation request as the engine sees it.
 
     rid: engine-wide unique key (the server prefixes the client's id with its connection number).
-    prompt_ids: the rendered, tokenized prompt (token ids). prompt_logprobs: K for per-prompt-token logprobs (None: off).
+    prompt_ids: the rendered, tokenized prompt (token ids). prompt_logprobs: K for per-prompt-token logprobs
+    (None: off).
     arrival: time.monotonic() seconds at submission (queue_ms counts from here).
     """
 
@@ -88,7 +89,8 @@ class Submit:
 
 @dataclass(frozen=True)
 class Cancel:
-    """End request `rid` at the next round boundary with `reason` (cancelled, or stop when the edge saw a stop string)."""
+    """End request `rid` at the next round boundary with `reason` (cancelled, or stop when the edge saw a stop
+    string)."""
 
     rid: str
     reason: FinishReason = FinishReason.CANCELLED

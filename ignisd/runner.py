@@ -1,16 +1,17 @@
 """RoundPlan → tensors → model → sampler → per-item results (DESIGN §2).
 
-Runs in the engine's single worker thread. It owns the per-request sampling generators (so a request's seeded
-draws never depend on other requests) and never touches scheduler state beyond reading the plan.
+Runs in the engine's single worker thread. The plan is a value (``ignisd/plan.py``): sequence ids, positions, token
+ids, page ids and slots, never a scheduler object. The runner owns the per-request sampling generators (so a
+request's seeded draws never depend on other requests); its transfer step runs the plan's tier moves (none until
+KV-RAM and KV-disk exist) and restores before the passes, and captures after the pass holding their item.
 """
 from __future__ import annotations
 
 import torch
 
-from ignisd.cache.device_pages import DevicePages
 from ignisd.model.batch import ForwardBatch, SeqChunk
+from ignisd.plan import ItemResult, PlanItem, RoundPlan
 from ignisd.sampling import make_generator, sample_row, token_logprobs
-from ignisd.scheduler import ItemResult, PlanItem, RoundPlan
 
 
 def _passes(items: list[PlanItem]) -> list[list[int]]:
@@ -19,8 +20,8 @@ def _passes(items: list[PlanItem]) -> list[list[int]]:
     passes: list[list[int]] = []
     seen: dict[str, int] = {}
     for i, item in enumerate(items):
-        k = seen.get(item.seq.rid, -1) + 1
-        seen[item.seq.rid] = k
+        k = seen.get(item.seq_id, -1) + 1
+        seen[item.seq_id] = k
         while len(passes) <= k:
             passes.append([])
         passes[k].append(i)
@@ -30,12 +31,13 @@ def _passes(items: list[PlanItem]) -> list[list[int]]:
 class Runner:
     """Executes round plans on one model and one KV pool.
 
-    model: ignisd.model.hybrid.Model. kv: the DevicePages the pool's page ids index. states: the DeviceStates the
-    live state slots index (hybrid models), or None on an all-attention model. retained_states: {"device": ...,
-    "host": ...} DeviceStates holding the images of retained states (the retained slots index them; hybrids only).
+    model: the decoder (forward(batch, kv, states)). kv: the KV store the pool's page ids index. states: the state
+    store the live state slots index, or None when the model and the KV format keep no per-sequence state.
+    retained_states: {"device": ..., "host": ...} state stores holding the images of retained states (the retained
+    slots index them).
     """
 
-    def __init__(self, model, kv: DevicePages, states=None, retained_states: dict | None = None):
+    def __init__(self, model, kv, states=None, retained_states: dict | None = None):
         self.model = model
         self.kv = kv
         self.threads = torch.get_num_threads()
@@ -59,23 +61,25 @@ class Runner:
     def execute(self, plan: RoundPlan) -> list[ItemResult]:
         """Run every item of `plan`; returns one ItemResult per item, in plan order."""
         results: list[ItemResult | None] = [None] * len(plan.items)
+        if plan.moves:
+            raise NotImplementedError("tier moves: only the device tier exists in this build")
         for rs in plan.restores:          # resume: partial last page (copy-on-write) and the image, before any pass
             if rs.src_page is not None:
                 self.kv.copy_pages([rs.src_page], [rs.dst_page])
             if rs.slot is not None and self.states is not None:
-                self.states.restore(rs.seq.slot, self.retained_states[rs.slot_tier].image(rs.slot))
+                self.states.restore(rs.dst_slot, self.retained_states[rs.slot_tier].image(rs.slot))
         for idx in _passes(plan.items):
             items = [plan.items[i] for i in idx]
             if self.states is None:
-                chunks = [SeqChunk(token_ids=it.token_ids, start=it.start, page_ids=it.seq.pages, logits=it.logits)
-                          for it in items]
+                chunks = [SeqChunk(token_ids=list(it.token_ids), start=it.start, page_ids=list(it.page_ids),
+                                   logits=it.logits) for it in items]
                 logits = self.model.forward(ForwardBatch.build(chunks, self.page_tokens), self.kv)
             else:
                 for it in items:
                     if it.start == 0:      # a sequence's first chunk starts from zero recurrent and conv state
-                        self.states.zero(it.seq.slot)
-                chunks = [SeqChunk(token_ids=it.token_ids, start=it.start, page_ids=it.seq.pages, logits=it.logits,
-                                   state_slot=it.seq.slot) for it in items]
+                        self.states.zero(it.slot)
+                chunks = [SeqChunk(token_ids=list(it.token_ids), start=it.start, page_ids=list(it.page_ids),
+                                   logits=it.logits, state_slot=it.slot) for it in items]
                 logits = self.model.forward(ForwardBatch.build(chunks, self.page_tokens), self.kv, self.states)
             row = 0
             for i, it in zip(idx, items):
@@ -89,26 +93,23 @@ class Runner:
                 if cap.copy_page is not None:
                     self.kv.copy_pages([cap.src_page], [cap.copy_page])
                 if cap.slot is not None and self.states is not None:
-                    self.retained_states[cap.slot_tier].restore(cap.slot, self.states.image(it.seq.slot))
+                    self.retained_states[cap.slot_tier].restore(cap.slot, self.states.image(cap.src_slot))
         return results  # type: ignore[return-value]
 
     def _item_result(self, it: PlanItem, rows: torch.Tensor) -> ItemResult:
         res = ItemResult()
-        req = it.seq.req
-        if it.logits == "all" and req.prompt_logprobs is not None:
-            prompt = req.prompt_ids
-            targets = [prompt[p + 1] for p in range(it.start, it.start + len(it.token_ids)) if p + 1 < len(prompt)]
-            if targets:
-                lp, tops, ranks = token_logprobs(rows[:len(targets)], torch.tensor(targets), req.prompt_logprobs)
-                res.prompt_logprobs = [
-                    {"token": t, "logprob": l, "rank": r, "top": [[a, b] for a, b in top]}
-                    for t, l, r, top in zip(targets, lp, ranks, tops)]
+        if it.logits == "all" and it.prompt_logprobs is not None and it.targets:
+            targets = list(it.targets)
+            lp, tops, ranks = token_logprobs(rows[:len(targets)], torch.tensor(targets), it.prompt_logprobs)
+            res.prompt_logprobs = [
+                {"token": t, "logprob": lpv, "rank": r, "top": [[a, b] for a, b in top]}
+                for t, lpv, r, top in zip(targets, lp, ranks, tops)]
         if it.sample:
             last = rows[-1]
-            sp = req.sampling
-            gen = self._gens.get(req.rid)
+            sp = it.sampling
+            gen = self._gens.get(it.seq_id)
             if gen is None:
-                gen = self._gens[req.rid] = make_generator(sp.seed)
+                gen = self._gens[it.seq_id] = make_generator(sp.seed)
             tok = sample_row(last, sp, gen)
             res.token_id = tok
             if sp.logprobs:

@@ -57,7 +57,8 @@ def sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generat
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[list[float], list[list[tuple[int, float]]], list[int]]:
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
+                   k: int) -> tuple[list[float], list[list[tuple[int, float]]], list[int]]:
     """Log-probabilities of chosen tokens under the raw distribution (fp32 log-softmax, no temperature).
 
     logits: [N, V] float32; token_ids: [N] int64. Returns (logprob of each chosen token, the top-k

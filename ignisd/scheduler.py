@@ -5,16 +5,17 @@ can be reserved, gives every decoding lane one token, and fills the round's pref
 chunks; `update()` folds the runner's result back and returns the events for the server.
 
 Chunking: the prompt is cut into traversals at its resume point and capture points (DESIGN §4.3,
-``text.segments.plan_traversals``); chunk k of traversal [a, b) is [a + kC, min(b, a + (k+1)C)) with
+``traversal.plan_traversals``); chunk k of traversal [a, b) is [a + kC, min(b, a + (k+1)C)) with
 C = min(server.prefill_chunk, server.round_prefill_tokens), so the same prompt is always split the same way whatever
 else is running. A round may run several chunks of one sequence; they go to the runner in order and each sees the
 K/V of the ones before it.
 
-Prompt reuse (DESIGN §4.1-§4.4): at admission a request looks up the longest retained state whose tokens are a
-prefix of its prompt (pinned until its restore ran), shares its full pages in place and resumes after it; the round
-that follows carries a RestoreOp (copy of the partial last page into the sequence's own page, image into its live
-slot). A chunk that ends at a capture point carries a CaptureOp (reserved here; the runner copies the image and the
-partial page after that chunk's pass; committed in ``update()``), and the sequence runs no further chunk that round.
+Prompt reuse (DESIGN §4.1-§4.4): admission goes through the cache manager (the only cache object the scheduler
+touches), which looks up the longest retained state whose tokens are a prefix of the prompt, shares its full pages
+and returns the RestoreOp the next round runs first. A chunk that ends at a capture point carries a CaptureOp
+(reserved through the manager; the runner copies the image and the partial page after that chunk's pass; the
+manager commits it in ``update()``), and the sequence runs no further chunk that round. The round plan holds plain
+values only (``ignisd/plan.py``): the worker thread never sees a `Sequence`.
 """
 from __future__ import annotations
 
@@ -22,28 +23,11 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from ignisd.cache.manager import CacheManager
-from ignisd.plan import (  # noqa: F401  (re-exported: callers import these from ignisd.scheduler)
-    AdmissionError,
-    CaptureOp,
-    ItemResult,
-    PlanItem,
-    QueueFull,
-    RestoreOp,
-    RoundPlan,
-    SeqState,
-    Sequence,
-)
-from ignisd.request import (
-    DoneEvent,
-    ErrorEvent,
-    FinishReason,
-    Priority,
-    Request,
-    ReuseInfo,
-    TokenEvent,
-)
-from ignisd.text.segments import TraversalPlan, plan_traversals  # noqa: F401
+from ignisd.cache.manager import CacheManager, ReuseMatch
+from ignisd.plan import DECODE, PREFILL, CaptureOp, ItemResult, PlanItem, RoundPlan
+from ignisd.request import DoneEvent, FinishReason, Priority, Request, ReuseInfo, TokenEvent
+from ignisd.sequence import AdmissionError, QueueFull, Sequence, SeqState
+from ignisd.traversal import plan_traversals
 
 
 class Scheduler:
@@ -113,75 +97,70 @@ class Scheduler:
         for s in order:
             if len(self.running) >= self.lanes:
                 break
-            store = self.cache.retained
             req = s.req
-            n = len(req.prompt_ids)
-            lk = None
-            if self._capturing(s):
+            reuse = self._capturing(s)
+            if reuse:
                 ahead = self._pending_capture(s)
-                if ahead and store.lookup(req.prompt_ids, pin=False, explain=False).matched_tokens < ahead:
+                if ahead and self.cache.peek(req.prompt_ids) < ahead:
                     continue   # a running prefill is about to retain a longer shared prefix: resume from it then
-                lk = store.lookup(req.prompt_ids)          # pins a hit until its restore ran
-            match = lk.state if lk is not None else None
-            r = lk.matched_tokens if match is not None else 0
-            pt = self.cache.page_tokens
-            got = self.cache.reserve(s.rid, s.bound_tokens, match.pages[:r // pt] if match is not None else ())
-            if got is None:
-                if match is not None:
-                    store.unpin(match.id)
+            adm = self.cache.admit(s.rid, req.prompt_ids, s.bound_tokens, reuse=reuse)
+            if adm is None:
                 break  # strict rank order: a later request never overtakes one that is waiting for pages
             self.waiting.remove(s)
-            s.pages, s.slot = got
+            s.pages, s.slot = list(adm.pages), adm.slot
             s.state = SeqState.PREFILL
             s.admitted_at = time.monotonic()
             if req.prompt_logprobs is not None:
                 s.prompt_logprobs = [None]
-            s.resume = s.computed = r
-            s.reuse = self._reuse_info(s, lk)
-            if match is not None:
-                partial = r % pt != 0
-                s.restore = RestoreOp(s, match.id, match.pages[r // pt] if partial else None,
-                                      s.pages[r // pt] if partial else None, match.slot_tier, match.slot)
-            s.plan = plan_traversals(r, req.publish, req.opener, n, chunk_tokens=self.chunk, page_tokens=pt)
+            s.resume = s.computed = adm.resumed
+            s.reuse = self._reuse_info(req, adm.match)
+            s.restore = adm.restore
+            s.plan = plan_traversals(adm.resumed, req.publish, req.opener, len(req.prompt_ids),
+                                     chunk_tokens=self.chunk, page_tokens=self.cache.page_tokens)
             m = self.metrics
-            if m is not None and lk is not None:
+            if m is not None and adm.match is not None:
                 m.reuse_lookups.inc()
-                if match is not None:
-                    m.reuse_hits.labels(kind=match.kind, tier=match.tier).inc()
-                    m.reuse_tokens_restored.inc(r)
+                if adm.match.state_id is not None:
+                    m.reuse_hits.labels(kind=adm.match.kind, tier=adm.match.tier).inc()
+                    m.reuse_tokens_restored.inc(adm.resumed)
             self.running.append(s)
 
-    def _reuse_info(self, s: Sequence, lk) -> ReuseInfo:
-        req = s.req
-        if lk is None:
+    def _reuse_info(self, req: Request, match: ReuseMatch | None) -> ReuseInfo:
+        if match is None:
             reason = "prompt_logprobs" if (req.prompt_logprobs is not None and req.cache_prompt
-                                           and self.cache.retained is not None) else "reuse_off"
+                                           and self.cache.reuse_enabled) else "reuse_off"
             return ReuseInfo(reason=reason)
-        cand = lk.candidate_state
-        extra = {}
-        if cand is not None:
-            extra = dict(candidate_tokens=tuple(cand.tokens), candidate_kind=cand.kind, candidate_tier=cand.tier,
-                         candidate_common=lk.candidate.common_tokens)
-        if lk.state is not None:
-            return ReuseInfo(tier=lk.state.tier, kind=lk.state.kind, cached_tokens=lk.matched_tokens, reason=None,
-                             **extra)
-        return ReuseInfo(reason=self._miss_reason(req, lk.reason), **extra)
+        extra = dict(candidate_tokens=match.candidate_tokens, candidate_kind=match.candidate_kind,
+                     candidate_tier=match.candidate_tier, candidate_common=match.candidate_common)
+        if match.state_id is not None:
+            return ReuseInfo(tier=match.tier, kind=match.kind, cached_tokens=match.tokens, reason=None, **extra)
+        return ReuseInfo(reason=self._miss_reason(req, match.reason), **extra)
 
     def _miss_reason(self, req: Request, found: str) -> str:
         """Why a lookup that restored nothing missed (``ignis.reuse.reason``, DESIGN §5), most specific first:
-        stamp_mismatch (only states of another stamp matched); short (the prompt has at most one page of tokens: no
-        retained state, at least a page long, can leave a token of it to prefill, and it captures nothing); no_slot
-        (a hybrid model with no retained slot at all can keep no image, so nothing is ever retained); the prompt's
-        missing cut (cut_unaligned, below_page); else miss. A miss whose own capture is then refused for want of a
-        slot is re-labelled no_slot when that happens (``_reserve_capture``)."""
+        stamp_mismatch (only states of another stamp matched); short (``_is_short``); no_slot (a hybrid model with
+        no retained slot at all can keep no image, so nothing is ever retained); the prompt's missing cut
+        (cut_unaligned, below_page); else miss. A miss whose own capture is then refused for want of a slot is
+        re-labelled no_slot when that happens (``_reserve_capture``)."""
         if found != "miss":
             return found
-        store = self.cache.retained
-        if len(req.prompt_ids) <= self.cache.page_tokens:
+        if self._is_short(req):
             return "short"
-        if store.needs_slot and not any(p.total for p in store.slot_pools.values()):
+        if not self.cache.can_keep_images:
             return "no_slot"
         return req.cut_reason or "miss"
+
+    def _queued_reuse_info(self, req: Request) -> ReuseInfo:
+        """``ignis.reuse`` of a request that ended before admission: reuse_off / prompt_logprobs as at admission,
+        short for a prompt of at most one page (like every other short request), else miss."""
+        if not (self.cache.reuse_enabled and req.cache_prompt and req.prompt_logprobs is None):
+            return self._reuse_info(req, None)
+        return ReuseInfo(reason="short" if self._is_short(req) else "miss")
+
+    def _is_short(self, req: Request) -> bool:
+        """The prompt has at most one page of tokens: no retained state, at least a page long, can leave a token of
+        it to prefill, and it captures nothing (reason "short")."""
+        return len(req.prompt_ids) <= self.cache.page_tokens
 
     def _pending_capture(self, s: Sequence) -> int:
         """The longest capture point that a running prefill has yet to reach and whose tokens start `s`'s prompt
@@ -198,33 +177,40 @@ class Scheduler:
         return best
 
     def _capturing(self, s: Sequence) -> bool:
-        return self.cache.retained is not None and s.req.cache_prompt and s.req.prompt_logprobs is None
+        return self.cache.reuse_enabled and s.req.cache_prompt and s.req.prompt_logprobs is None
 
     def _reserve_capture(self, s: Sequence, end: int) -> CaptureOp | None:
         c = s.plan.capture_at(end) if s.plan is not None and self._capturing(s) else None
         if c is None:
             return None
-        ticket, copy = self.cache.reserve_capture(
-            c.kind, s.req.prompt_ids[:end], priority=s.req.priority,
-            after_user=c.kind == "checkpoint" and s.req.after_user)
-        if not ticket.ok:
+        got = self.cache.plan_capture(s.rid, c.kind, s.req.prompt_ids[:end], priority=s.req.priority,
+                                      after_user=c.kind == "checkpoint" and s.req.after_user)
+        if isinstance(got, str):
             if self.metrics is not None:
-                self.metrics.reuse_captures_skipped.labels(reason=ticket.refused).inc()
-            if ticket.refused == "no_slot" and s.reuse is not None and s.reuse.reason == "miss":
+                self.metrics.reuse_captures_skipped.labels(reason=got).inc()
+            if got == "no_slot" and s.reuse is not None and s.reuse.reason == "miss":
                 s.reuse = replace(s.reuse, reason="no_slot")
             return None
-        s.tickets.append(ticket)
-        pt = self.cache.page_tokens
-        return CaptureOp(ticket, end, c.kind, ticket.slot_tier, ticket.slot,
-                         s.pages[end // pt] if copy is not None else None, copy)
+        return got
+
+    def _item(self, s: Sequence, start: int, ids: list[int], logits: str, sample: bool,
+              capture: CaptureOp | None = None) -> PlanItem:
+        """The plan value of one slice of `s` (token ids, pages and sampling copied out of the live sequence)."""
+        req = s.req
+        targets = ()
+        if logits == "all":
+            targets = tuple(req.prompt_ids[start + 1:start + len(ids) + 1])
+        return PlanItem(s.rid, start, tuple(ids), tuple(s.pages), s.slot,
+                        PREFILL if s.state is SeqState.PREFILL else DECODE, logits, sample, req.sampling,
+                        req.prompt_logprobs, targets, capture)
 
     def schedule(self) -> RoundPlan:
         """Admit what fits, then plan one round: a decode token per decoding lane and whole prefill chunks up to the
         round's prefill budget (shortest remaining prefill first within a priority class)."""
         self._admit()
-        items = [PlanItem(s, s.computed, [s.output[-1]], "last", True)
+        items = [self._item(s, s.computed, [s.output[-1]], "last", True)
                  for s in self.running if s.state is SeqState.DECODE]
-        restores = [s.restore for s in self.running if s.restore is not None]
+        restores = tuple(s.restore for s in self.running if s.restore is not None)
         budget = self.round_prefill_tokens
         prefills = sorted((s for s in self.running if s.state is SeqState.PREFILL),
                           key=lambda s: (s.req.priority is not Priority.INTERACTIVE,
@@ -241,13 +227,13 @@ class Scheduler:
                 last = end == n
                 want = "all" if s.req.prompt_logprobs is not None else ("last" if last else "none")
                 cap = self._reserve_capture(s, end)
-                items.append(PlanItem(s, pos, s.req.prompt_ids[pos:end], want, last, cap))
+                items.append(self._item(s, pos, s.req.prompt_ids[pos:end], want, last, cap))
                 pos = end
                 if cap is not None:
                     break      # the image is taken at `end`: this sequence runs no further chunk this round
             if budget <= 0:
                 break
-        return RoundPlan(items, restores)
+        return RoundPlan(tuple(items), restores, tuple(self.cache.plan_moves()))
 
     def _finishes_now(self, s: Sequence, budget: int) -> bool:
         """Whether `s`'s whole remaining prefill fits in `budget` tokens with no capture point left to stop at."""
@@ -281,24 +267,19 @@ class Scheduler:
         """Fold the runner's results into the sequences; returns TokenEvent / DoneEvent objects in order."""
         events: list = []
         now = time.monotonic()
-        store = self.cache.retained
+        commits = self.cache.finish_round(plan)
+        if self.metrics is not None:
+            for c in commits:
+                if not c.duplicate:
+                    self.metrics.reuse_captures.labels(kind=c.state.kind).inc()
+        live = {s.rid: s for s in self.running}
         for rs in plan.restores:
-            if rs.seq.restore is rs:
-                rs.seq.restore = None
-                store.touch(rs.state_id)
-                store.unpin(rs.state_id)
+            s = live.get(rs.seq_id)
+            if s is not None and s.restore is rs:
+                s.restore = None
         for item, res in zip(plan.items, results):
-            s = item.seq
-            cap = item.capture
-            if cap is not None and cap.ticket in s.tickets:
-                s.tickets.remove(cap.ticket)
-                if s.state is SeqState.FINISHED:
-                    self.cache.abort_capture(cap.ticket)
-                else:
-                    self.cache.commit_capture(cap.ticket, s.pages)
-                    if self.metrics is not None:
-                        self.metrics.reuse_captures.labels(kind=cap.kind).inc()
-            if s.state is SeqState.FINISHED:
+            s = live.get(item.seq_id)
+            if s is None or s.state is SeqState.FINISHED:
                 continue
             s.computed = item.start + len(item.token_ids)
             if s.state is SeqState.PREFILL:
@@ -321,17 +302,24 @@ class Scheduler:
                 events.append(self._finish(s, FinishReason.LENGTH, now))
         return events
 
+    def fail_round(self, plan: RoundPlan) -> None:
+        """The round of `plan` raised: abort its captures and unpin its restores (the engine then cancels the
+        sequences that were in it)."""
+        self.cache.finish_round(plan, failed=True)
+        live = {s.rid: s for s in self.running}
+        for rs in plan.restores:
+            s = live.get(rs.seq_id)
+            if s is not None and s.restore is rs:
+                s.restore = None
+
     def _finish(self, s: Sequence, reason: FinishReason, now: float | None = None) -> DoneEvent:
         now = now or time.monotonic()
         if s in self.running:
             self.running.remove(s)
-        for t in s.tickets:          # captures of a round that never completed
-            self.cache.abort_capture(t)
-        s.tickets = []
-        if s.restore is not None:    # a restore that never ran
-            self.cache.retained.unpin(s.restore.state_id)
-            s.restore = None
-        self.cache.release(s.rid)
+        else:                          # ended while queued: it never looked anything up
+            s.reuse = self._queued_reuse_info(s.req)
+        self.cache.release(s.rid)      # pages, slot, captures of a round that never completed, a restore not run
+        s.restore = None
         s.pages, s.slot = [], None
         s.state = SeqState.FINISHED
         arrival = s.req.arrival

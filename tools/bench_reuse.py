@@ -366,7 +366,8 @@ def section_hol(args: list[str], threads: int, context: int, budgets: list[int])
                 parts.append(f"{x:.0f} ms at {at * 100:.0f}% (round there {rnd:.0f} ms{'' if under else ', not loaded'}"
                              f"{'' if good else ', OVER'})")
             print(f"hol budget {B}: idle TTFT {idle:.0f} ms; loaded TTFT " + "; ".join(parts)
-                  + f" into a {n_long}-token cold prefill; aim loaded <= idle + the round in flight (+{2 * probe_ms:.0f}"
+                  + f" into a {n_long}-token cold prefill; aim loaded <= idle + the round in flight"
+                  + f" (+{2 * probe_ms:.0f}"
                   " ms of status polling resolution): "
                   + ("met" if ok else "NOT met"))
         finally:

@@ -2,7 +2,8 @@
 """Serving benchmark: ignisd against transformers' generate() on the same GGUF, in one run (issue 2).
 
 Prints cold prefill tokens/s at 512, 2,048 and 8,000-token prompts; decode tokens/s summed over 1, 4 and 8 lanes at
-512 tokens of context (ignisd: timed only while every lane decodes, from its decode-token counter); TTFT p50; the same work through transformers as the peer; and the ratios. Then the hybrid
+512 tokens of context (ignisd: timed only while every lane decodes, from its decode-token counter); TTFT p50; the
+same work through transformers as the peer; and the ratios. Then the hybrid
 comparison of tools/bench_hybrid.py (Qwen3.5-shaped, hidden 1,024, 8 layers, random weights). The daemon and
 the peer never run at the same time; both use --threads torch threads (default: all cores).
 
@@ -150,7 +151,8 @@ def main() -> int:
     for k in ("prefill_512", "prefill_2048", "prefill_8000", "decode_1", "decode_4", "decode_8"):
         p = peer.get(k)
         ratio = f"{ours[k] / p:.2f}x" if p else "-"
-        unit = "prefill tok/s @" + k.split("_")[1] if k.startswith("prefill") else f"decode tok/s, {k.split('_')[1]} lanes"
+        n = k.split("_")[1]
+        unit = "prefill tok/s @" + n if k.startswith("prefill") else f"decode tok/s, {n} lanes"
         print(f"{unit:<26}{ours[k]:>12.1f}{(p or 0):>14.1f}{ratio:>8}")
     print(f"{'TTFT p50 (ms)':<26}{ours['ttft_p50_ms']:>12.1f}")
     print(f"8-lane / 1-lane decode (ignisd): {ours['decode_8'] / ours['decode_1']:.2f}x (aim >= 3x)")

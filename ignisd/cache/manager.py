@@ -1,34 +1,104 @@
-"""The one cache API the scheduler sees (DESIGN §3, §4.1). †: imports no torch.
+"""The one cache API the scheduler and the engine see (DESIGN §3, §4.1-§4.5). †: imports no torch.
 
-Today it owns the KV pool's page accounting for live sequences; retained states, state slots and tiers hang off
-this same object as they arrive, so the scheduler never reaches into a pool directly.
+`CacheManager` owns one page pool per tier (only the device KV pool exists today), the live state slots and the
+retained-state store, and it alone takes and drops page references. Its verbs come in pairs over plain records:
+
+* ``admit(seq_id, …)`` → `Admission` (pages for the whole bound, the live slot, the reuse match, the restore op)
+  … ``release(seq_id)`` (pages, slot, pending captures and restores of a sequence that ended);
+* ``plan_capture(seq_id, …)`` → `CaptureOp` or a refusal … ``finish_round(plan)`` (commit the round's captures,
+  unpin and touch what its restores read) or, for a round that failed, ``finish_round(plan, failed=True)``;
+* ``plan_moves()`` → the tier moves of the next round (none until KV-RAM and KV-disk exist);
+* ``status()`` and ``check_integrity()``; ``reset()`` drops every retained state.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from ignisd.cache.page_pool import PagePool
+from ignisd.cache.page_pool import IntegrityError, PagePool
+from ignisd.cache.placement import Placement
+from ignisd.cache.retained import RetainedStore
+from ignisd.cache.retained_state import CaptureTicket, CommitResult, LookupResult
 from ignisd.cache.state_slots import StateSlots
+from ignisd.plan import CaptureOp, RestoreOp, RoundPlan, TierMove
+from ignisd.vocab import DEVICE, SLOT_TIERS
+
+REFUSED_REUSE_OFF = "reuse_off"
+
+
+@dataclass(frozen=True)
+class ReuseMatch:
+    """What an admission's lookup found (plain data for ``ignis.reuse``).
+
+    state_id / kind / tier / tokens: the matched retained state and the prompt tokens it restores (None / 0 on a
+    miss). reason: None on a hit, "miss" or "stamp_mismatch". candidate_*: the diverging state that shares the most
+    with the prompt (its tokens, kind, tier and the common-prefix length), or None.
+    """
+
+    state_id: str | None
+    kind: str | None
+    tier: str | None
+    tokens: int
+    reason: str | None
+    candidate_tokens: tuple[int, ...] | None = None
+    candidate_kind: str | None = None
+    candidate_tier: str | None = None
+    candidate_common: int = 0
+
+    @classmethod
+    def of(cls, lk: LookupResult) -> "ReuseMatch":
+        """From the store's LookupResult."""
+        cand = lk.candidate_state
+        extra = {}
+        if cand is not None:
+            extra = dict(candidate_tokens=tuple(cand.tokens), candidate_kind=cand.kind, candidate_tier=cand.tier,
+                         candidate_common=lk.candidate.common_tokens)
+        s = lk.state
+        return cls(s.id if s else None, s.kind if s else None, s.tier if s else None,
+                   lk.matched_tokens if s else 0, lk.reason, **extra)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The answer of ``admit``: pages (the whole bound, position order; the first ``resumed // page_tokens`` shared
+    with the matched state), slot (live state slot or None), resumed (prompt tokens restored), match (None when the
+    request looked nothing up), restore (the op the next round runs first, None on a miss)."""
+
+    pages: tuple[int, ...]
+    slot: int | None
+    resumed: int
+    match: ReuseMatch | None
+    restore: RestoreOp | None
 
 
 class CacheManager:
-    """Page and state-slot reservation for live sequences over one `PagePool` and one `StateSlots`.
+    """Pages, live slots and retained states of one daemon.
 
-    pool: the KV pool's accounting (pages of `pool.page_tokens` tokens). page_bytes: bytes of one page across every
-    attention layer, K and V, in the pool's KV format (for status and metrics). slots: live state slots of a hybrid
-    model (None on an all-attention model: sequences then hold no slot). state_bytes: bytes of one slot.
+    pool: the device KV pool's accounting (pages of ``pool.page_tokens`` tokens). page_bytes: bytes of one page in
+    the pool's KV format, every attention layer (status, metrics). slots: live state slots (None when neither the
+    model nor the KV format keeps per-sequence state: sequences then hold no slot). state_bytes: bytes of one live
+    slot. retained: the RetainedStore (None with reuse.prompt off); the manager becomes its ``on_free`` owner.
     """
 
     def __init__(self, pool: PagePool, page_bytes: int, slots: StateSlots | None = None, state_bytes: int = 0,
-                 retained=None):
-        self.pool = pool
+                 retained: RetainedStore | None = None):
+        self.pools: dict[str, PagePool] = {DEVICE: pool}
         self.page_bytes = page_bytes
         self.slots = slots
         self.state_bytes = state_bytes
-        self.retained = retained          # RetainedStore, or None with reuse.prompt off
+        self.retained = retained
+        if retained is not None:
+            retained.on_free = self._free_placement
         self._live: dict[str, list[int]] = {}
         self._slot: dict[str, int] = {}
-        self._capture_pages: dict[str, list[int]] = {}   # ticket id -> the partial-page copy taken for a capture
+        self._restores: dict[str, RestoreOp] = {}                          # seq id -> restore not yet run
+        self._captures: dict[str, tuple[str, CaptureTicket, int | None]] = {}  # ticket id -> (seq id, ticket, copy)
+
+    # ---------------------------------------------------------------- geometry
+    @property
+    def pool(self) -> PagePool:
+        """The device KV pool."""
+        return self.pools[DEVICE]
 
     @property
     def page_tokens(self) -> int:
@@ -39,109 +109,213 @@ class CacheManager:
         """Pages that hold `tokens` tokens."""
         return self.pool.pages_for(tokens)
 
-    def can_reserve(self, tokens: int) -> bool:
-        """Whether pages for `tokens` tokens are free right now."""
-        return self.pool.pages_for(tokens) <= self.pool.free
+    @property
+    def reuse_enabled(self) -> bool:
+        """Retained states exist (reuse.prompt on)."""
+        return self.retained is not None
 
-    def reserve(self, holder: str, tokens: int, shared: list[int] | tuple[int, ...] = ()
-                ) -> tuple[list[int], int | None] | None:
-        """Reserve the whole bound for a live sequence: pages for `tokens` tokens (prompt + max_tokens) and, on a
-        hybrid model, one live state slot. shared: full pages of a matched retained state that the sequence shares
-        in place (one reference each is taken for it); only the rest is allocated. Retained states are evicted
-        (lowest rank first) before a reservation is refused: retained state never refuses an admission.
+    @property
+    def can_keep_images(self) -> bool:
+        """A capture can ever be retained: the model keeps no image, or some retained slot exists."""
+        r = self.retained
+        return r is not None and (not r.needs_slot or any(p.total for p in r.slot_pools.values()))
 
-        Returns (page ids in position order, slot id or None) or None when too few pages or no slot are free
-        (nothing is taken then). Raises ValueError if `holder` already holds pages.
+    # ---------------------------------------------------------------- admission
+    def peek(self, prompt: Sequence[int]) -> int:
+        """Prompt tokens the best retained state would restore now, without pinning anything (0 with reuse off)."""
+        if self.retained is None:
+            return 0
+        return self.retained.lookup(prompt, pin=False, explain=False).matched_tokens
+
+    def admit(self, seq_id: str, prompt: Sequence[int], bound_tokens: int, *, reuse: bool) -> Admission | None:
+        """Admit sequence `seq_id`: look up the longest retained state that is a prefix of `prompt` (when `reuse`
+        and reuse is on; a hit stays pinned until its restore ran or the sequence is released), reserve pages for
+        `bound_tokens` (prompt + max_tokens) sharing the match's full pages, and a live slot when slots exist.
+        Retained states are evicted, lowest rank first, before pages are refused (retained state never refuses an
+        admission). Returns None when too few pages or no live slot are free (nothing is held then).
+        Raises ValueError when `seq_id` is already admitted.
         """
-        if holder in self._live:
-            raise ValueError(f"{holder} already holds pages")
-        shared = list(shared)
-        n = self.pool.pages_for(tokens) - len(shared)
+        if seq_id in self._live:
+            raise ValueError(f"{seq_id} already holds pages")
+        lk = self.retained.lookup(prompt) if reuse and self.retained is not None else None
+        state = lk.state if lk is not None else None
+        resumed = lk.matched_tokens if state is not None else 0
+        pt = self.page_tokens
+        shared = list(state.pages[:resumed // pt]) if state is not None else []
+        n = self.pool.pages_for(bound_tokens) - len(shared)
         if n < 0:
-            raise ValueError(f"{len(shared)} shared pages exceed the bound of {tokens} tokens")
-        if self.slots is not None and self.slots.free == 0:
-            return None
-        if n > self.pool.free and self.retained is not None:
-            self.retained.evict_for_pages(n)
-        if n > self.pool.free:
+            raise ValueError(f"{len(shared)} shared pages exceed the bound of {bound_tokens} tokens")
+        if (self.slots is not None and self.slots.free == 0) or not self._make_room(n):
+            if state is not None:
+                self.retained.unpin(state.id)
             return None
         self.pool.incref(shared)
         pages = shared + self.pool.alloc(n)
-        self._live[holder] = pages
+        self._live[seq_id] = pages
         slot = None
         if self.slots is not None:
-            slot = self.slots.alloc(holder)
-            self._slot[holder] = slot
-        return pages, slot
+            slot = self.slots.alloc(seq_id)
+            self._slot[seq_id] = slot
+        restore = None
+        if state is not None:
+            partial = resumed % pt != 0
+            restore = RestoreOp(seq_id, state.id, state.pages[resumed // pt] if partial else None,
+                                pages[resumed // pt] if partial else None, state.slot_tier, state.slot, slot)
+            self._restores[seq_id] = restore
+        return Admission(tuple(pages), slot, resumed, ReuseMatch.of(lk) if lk is not None else None, restore)
 
-    def release(self, holder: str) -> None:
-        """Return every page and the state slot `holder` holds (no-op for what it does not hold)."""
-        pages = self._live.pop(holder, None)
+    def evict_for_pages(self, pages: int) -> list[str]:
+        """Drop lowest-ranked unpinned retained states (superseded checkpoints first) until `pages` device pages
+        are free or none is left to drop. Returns the dropped ids. A dropped state frees only the pages no one else
+        holds."""
+        dropped = []
+        while self.pool.free < pages and self.retained is not None:
+            v = self.retained.victim()
+            if v is None:
+                break
+            dropped.append(v.id)
+            self.retained.drop(v.id)
+        return dropped
+
+    def _make_room(self, pages: int) -> bool:
+        self.evict_for_pages(pages)
+        return self.pool.free >= pages
+
+    def release(self, seq_id: str) -> None:
+        """Sequence `seq_id` ended: abort its pending captures, unpin a restore that never ran, and return its
+        pages and live slot (no-op for what it does not hold)."""
+        for tid in [t for t, (sid, _, _) in self._captures.items() if sid == seq_id]:
+            self._abort(tid)
+        rs = self._restores.pop(seq_id, None)
+        if rs is not None:
+            self.retained.unpin(rs.state_id)
+        pages = self._live.pop(seq_id, None)
         if pages:
             self.pool.release(pages)
-        slot = self._slot.pop(holder, None)
+        slot = self._slot.pop(seq_id, None)
         if slot is not None:
             self.slots.release(slot)
 
-    def live_pages(self) -> int:
-        """Pages held by live sequences."""
-        return len({p for pages in self._live.values() for p in pages})
+    # ---------------------------------------------------------------- captures and rounds
+    def plan_capture(self, seq_id: str, kind: str, tokens: Sequence[int], *, priority,
+                     after_user: bool) -> CaptureOp | str:
+        """Reserve a capture of `kind` after `tokens` (the first len(tokens) prompt tokens of live sequence
+        `seq_id`): a retained slot and, when the position is not page-aligned, one device page for the copy of
+        the partial last page. Returns the CaptureOp for the round plan, or the refusal: "duplicate" (already
+        retained: its last use is refreshed), "no_slot" (no retained slot, or no page for the copy), "reuse_off".
+        Raises KeyError for a sequence that holds no pages."""
+        if self.retained is None:
+            return REFUSED_REUSE_OFF
+        pages = self._live[seq_id]
+        t = self.retained.reserve_capture(kind, tokens, priority=priority, after_user=after_user)
+        if not t.ok:
+            return t.refused
+        pos = len(t.tokens)
+        copy = src = None
+        if pos % self.page_tokens:
+            if not self._make_room(1):
+                self.retained.abort(t)
+                return "no_slot"
+            copy = self.pool.alloc(1)[0]
+            src = pages[pos // self.page_tokens]
+        self._captures[t.id] = (seq_id, t, copy)
+        return CaptureOp(t.id, seq_id, pos, kind, t.slot_tier, t.slot, self._slot.get(seq_id), src, copy)
 
-    def holders(self) -> Iterable[list[int]]:
-        """Page lists of every holder: live sequences, pending capture copies and retained states."""
-        out = list(self._live.values()) + list(self._capture_pages.values())
-        if self.retained is not None:
-            out += self.retained.holders()
+    def _abort(self, ticket_id: str) -> None:
+        _, t, copy = self._captures.pop(ticket_id)
+        if copy is not None:
+            self.pool.release([copy])
+        self.retained.abort(t)
+
+    def _commit(self, ticket_id: str) -> CommitResult:
+        seq_id, t, copy = self._captures.pop(ticket_id)
+        full = list(self._live[seq_id][:len(t.tokens) // self.page_tokens])
+        self.pool.incref(full)
+        return self.retained.commit(t, full + ([copy] if copy is not None else []))
+
+    def finish_round(self, plan: RoundPlan, *, failed: bool = False) -> list[CommitResult]:
+        """The round of `plan` ran (or, with `failed`, did not): unpin and touch the states its restores read,
+        and commit its captures (abort them when failed). Captures and restores of sequences released meanwhile
+        were settled by ``release`` and are skipped. Returns the commits' results."""
+        for rs in plan.restores:
+            if self._restores.get(rs.seq_id) is rs:
+                del self._restores[rs.seq_id]
+                if not failed:
+                    self.retained.touch(rs.state_id)
+                self.retained.unpin(rs.state_id)
+        out = []
+        for it in plan.items:
+            cap = it.capture
+            if cap is None or cap.ticket_id not in self._captures:
+                continue
+            if failed:
+                self._abort(cap.ticket_id)
+            else:
+                out.append(self._commit(cap.ticket_id))
         return out
+
+    def plan_moves(self) -> list[TierMove]:
+        """Tier moves for the next round (DESIGN §4.5). Only the device tier exists: none."""
+        return []
+
+    def _free_placement(self, placement: Placement) -> None:
+        """The store let go of `placement`: drop its page references in its tier's pool."""
+        if placement.pages:
+            self.pools[placement.tier].release(placement.pages)
+
+    # ---------------------------------------------------------------- status and integrity
+    def reset(self) -> int:
+        """Drop every retained state (pinned ones when their restore lets go). Returns how many were freed now."""
+        return self.retained.reset() if self.retained is not None else 0
+
+    def live_pages(self) -> int:
+        """Distinct pages held by live sequences."""
+        return len({p for pages in self._live.values() for p in pages})
 
     def retained_pages(self) -> int:
         """Distinct pages held by retained states (0 with reuse off)."""
         return self.retained.pages_held() if self.retained is not None else 0
 
-    # ---- captures (two-phase, DESIGN §4.3-§4.4) ----
-    def reserve_capture(self, kind: str, tokens, *, priority, after_user: bool):
-        """Phase 1 of a capture after `tokens`: a retained slot (RetainedStore.reserve_capture) and, when the
-        position is not page-aligned, one page for the copy of the partial last page. Returns (ticket, copy page or
-        None); ticket.refused says why nothing was taken ("no_slot" also when no page is left for the copy)."""
-        t = self.retained.reserve_capture(kind, tokens, priority=priority, after_user=after_user)
-        if not t.ok:
-            return t, None
-        copy = None
-        if len(t.tokens) % self.page_tokens:
-            if self.pool.free < 1:
-                self.retained.evict_for_pages(1)
-            if self.pool.free < 1:
-                self.retained.abort(t)
-                t.refused = "no_slot"
-                return t, None
-            copy = self.pool.alloc(1)[0]
-            self._capture_pages[t.id] = [copy]
-        return t, copy
-
-    def commit_capture(self, ticket, live_pages: list[int]):
-        """Phase 2: retain the state with the live sequence's full pages (one more reference each, for the store)
-        plus the partial-page copy. Returns the CommitResult."""
-        full = list(live_pages[:len(ticket.tokens) // self.page_tokens])
-        self.pool.incref(full)
-        copy = self._capture_pages.pop(ticket.id, [])
-        return self.retained.commit(ticket, full + copy)
-
-    def abort_capture(self, ticket) -> None:
-        """Give back what a capture reserved (its retained slot and its copy page)."""
-        copy = self._capture_pages.pop(ticket.id, None)
-        if copy:
-            self.pool.release(copy)
-        self.retained.abort(ticket)
-
     def live_state_bytes(self) -> int:
-        """Bytes of the live state slots in use (0 on an all-attention model)."""
+        """Bytes of the live state slots in use (0 when there are none)."""
         return len(self._slot) * self.state_bytes
 
+    def holders(self) -> list[list[int]]:
+        """Page lists of every holder of a device page: live sequences, pending capture copies, retained states."""
+        out = list(self._live.values()) + [[c] for _, _, c in self._captures.values() if c is not None]
+        if self.retained is not None:
+            out += self.retained.holders()
+        return out
+
+    def status(self) -> dict:
+        """The cache's part of the ``status`` op (DESIGN §5): kv_pool, slots, tiers, retained, live_states."""
+        pool, r = self.pool, self.retained
+        slots = {}
+        for tier in SLOT_TIERS:
+            p = r.slot_pools.get(tier) if r is not None else None
+            slots[f"{tier}_total"] = p.total if p is not None else 0
+            slots[f"{tier}_free"] = p.free if p is not None else 0
+        return {
+            "kv_pool": {"pages_total": pool.total, "pages_free": pool.free, "pages_live": self.live_pages(),
+                        "pages_retained": self.retained_pages()},
+            "slots": slots,
+            "tiers": [],
+            "retained": r.rows() if r is not None else [],
+            "live_states": {"slots_total": self.slots.total if self.slots else 0,
+                            "slots_used": (self.slots.total - self.slots.free) if self.slots else 0,
+                            "bytes_used": self.live_state_bytes()},
+        }
+
     def check_integrity(self) -> None:
-        """Prove free + held = total and refcounts = holders for pages, and the same for state slots
-        (raises page_pool.IntegrityError)."""
+        """Prove, for pages and live slots, free + held = total and refcounts = holders; the retained store's slots,
+        index and pins; and that every pending restore and capture belongs to a live sequence. Raises
+        page_pool.IntegrityError."""
         self.pool.check_integrity(self.holders())
         if self.slots is not None:
             self.slots.check_integrity(self._slot.values())
         if self.retained is not None:
             self.retained.check_integrity()
+        stray = [s for s in self._restores if s not in self._live]
+        stray += [sid for sid, _, _ in self._captures.values() if sid not in self._live]
+        if stray:
+            raise IntegrityError(f"restores/captures pending for sequences that hold no pages: {sorted(stray)}")

@@ -16,7 +16,8 @@ import struct
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-PAGE_TOKENS = 64
+from ignisd.vocab import PAGE_TOKENS
+
 _ROOT = b""
 _PERSON = b"ignis-page-v1"
 
@@ -249,7 +250,7 @@ class PrefixIndex:
                 else:
                     hi = mid
             i = lo
-        for s, e, d in sorted(set(spans) ^ set(entry.spans)):    # images present on one side only
+        for s, _end, _digest in sorted(set(spans) ^ set(entry.spans)):    # images present on one side only
             if s < i:
                 i = s
             break

@@ -3,42 +3,40 @@
 †: imports no torch. A retained state outlives its request: it holds the KV pages of its tokens (shared in place,
 reference counted, never written; its partial last page is a private copy) and, on a hybrid model, an image of the
 per-sequence state at its end in a retained slot. It carries its tokens, image digests, kind, priority class, last
-use, tier and a stamp.
+use, placement (tier and where its bytes are) and a stamp.
 
-Ownership (the choice this module makes): the store **takes the PagePool and the retained StateSlots and releases
-through them**. A capture is two-phase, because the scheduler plans it before the round and the runner copies
-during it:
+Ownership: the store keeps the records, the content index, the ranking and the retained image slots; it never
+touches a page pool. The cache manager (``cache/manager.py``) takes the page references a state holds before
+``commit`` and drops them when the store lets the state go: the store hands every placement it frees to the
+``on_free`` hook its owner gives it. A capture is two-phase, because the scheduler plans it before the round and
+the runner copies during it:
 
-1. ``reserve_capture(...)`` (in ``schedule()``): refuses a duplicate or, on a hybrid, finds a retained slot —
-   a free one (device first, then host), else the slot of the lowest-ranked unpinned state ranking *below the new
-   one* (that state is dropped); none: refused with ``no_slot`` and the request runs without leaving reuse behind.
-2. ``commit(ticket, pages)`` (in ``update()``, after the runner copied the image into ``ticket.slot`` and the
-   partial last page): ``pages`` are the state's page ids in position order, on each of which the caller took one
-   reference *for the store* (``pool.incref`` of the shared full pages, ``pool.alloc`` of the copy). From then on
-   the store owns those references and releases them when the state is dropped. ``abort(ticket)`` frees the slot
-   of a capture that will not happen.
+1. ``reserve_capture(...)``: refuses a duplicate or, on a hybrid, finds a retained slot — a free one (device first,
+   then host), else the slot of the lowest-ranked unpinned state ranking *below the new one* (that state is
+   dropped); none: refused with ``no_slot`` and the request runs without leaving reuse behind.
+2. ``commit(ticket, pages)``: after the runner copied the image into ``ticket.slot`` and the partial last page;
+   ``pages`` are the state's page ids in position order, one reference on each taken by the caller for the store.
+   ``abort(ticket)`` frees the slot of a capture that will not happen.
 
-The store owns the content index (``PrefixIndex``) and keeps it in step: a state is indexed from commit until it is
-dropped or doomed. ``holders()`` gives the page lists for ``PagePool.check_integrity``; ``check_integrity()``
-proves the retained slots and the index.
+The conversation rule is a ranking, not a drop: a new checkpoint marks the older checkpoints of its conversation
+(those whose content is a prefix of its own) superseded, except the latest one taken right after a real user
+message; superseded states stay and rank below all others, so forks, edits and regenerations still resume at
+their parent until room is needed.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from ignisd.cache.page_pool import IntegrityError, PagePool
-from ignisd.cache.prefix_index import Candidate, ImageSpan, PrefixIndex, normalize_spans  # noqa: F401
-from ignisd.cache.retained_state import (  # noqa: F401  (re-exported: callers import these from ignisd.cache.retained)
+from ignisd.cache.page_pool import IntegrityError
+from ignisd.cache.placement import Placement
+from ignisd.cache.prefix_index import ImageSpan, PrefixIndex, normalize_spans
+from ignisd.cache.retained_state import (
     DEFAULT_INTERACTIVE_TTL,
-    KINDS,
-    PRIORITIES,
     REASON_MISS,
     REASON_STAMP,
     REFUSED_DUPLICATE,
     REFUSED_NO_SLOT,
-    SLOT_TIERS,
-    TIERS,
     CaptureTicket,
     CommitResult,
     LookupResult,
@@ -47,23 +45,28 @@ from ignisd.cache.retained_state import (  # noqa: F401  (re-exported: callers i
     _priority,
 )
 from ignisd.cache.state_slots import StateSlots
+from ignisd.vocab import DEVICE, KINDS, PAGE_TOKENS, RAM, SLOT_TIERS
 
 
 class RetainedStore:
     """The retained states of one daemon, over the KV pool and the retained slots.
 
-    pool: the KV pool (shared with live sequences). stamp: this daemon's stamp (given to every capture).
+    stamp: this daemon's stamp (given to every capture). page_tokens: tokens per KV page.
     device_slots / host_slots: the retained-slot pools reserved at load (``reuse.device_slots`` and
     ``reuse.host_slots_per_lane`` × lanes); separate from the live slots. needs_slot: a hybrid model (its image
     has bytes); on an all-attention model (False) a capture takes no slot. interactive_ttl: seconds an interactive
     checkpoint may idle in KV-RAM before it ranks as an agent one. clock: seconds (time.monotonic; tests inject).
+    on_free: called with the Placement of every state (or duplicate commit) whose bytes the store lets go, after
+    the store released its slot; the owner drops the page references (the cache manager's job).
     """
 
-    def __init__(self, pool: PagePool, stamp: Stamp, *, device_slots: StateSlots | None = None,
+    def __init__(self, stamp: Stamp, *, page_tokens: int = PAGE_TOKENS, device_slots: StateSlots | None = None,
                  host_slots: StateSlots | None = None, needs_slot: bool = True,
-                 interactive_ttl: float = DEFAULT_INTERACTIVE_TTL, clock: Callable[[], float] = time.monotonic):
-        self.pool = pool
+                 interactive_ttl: float = DEFAULT_INTERACTIVE_TTL, clock: Callable[[], float] = time.monotonic,
+                 on_free: Callable[[Placement], None] | None = None):
+        self.page_tokens = page_tokens
         self.stamp = stamp
+        self.on_free = on_free
         self.slot_pools: dict[str, StateSlots] = {}
         if device_slots is not None:
             self.slot_pools["device"] = device_slots
@@ -72,7 +75,7 @@ class RetainedStore:
         self.needs_slot = needs_slot
         self.interactive_ttl = interactive_ttl
         self.clock = clock
-        self.index = PrefixIndex(pool.page_tokens)
+        self.index = PrefixIndex(page_tokens)
         self._states: dict[str, RetainedState] = {}
         self._tickets: dict[str, CaptureTicket] = {}
         self._next = 0
@@ -113,14 +116,15 @@ class RetainedStore:
                 for s in self._states.values() if not s.doomed]
 
     # ---------------------------------------------------------------- ranking
-    def rank(self, state: RetainedState, now: float | None = None) -> tuple[int, float]:
-        """Higher keeps longer: (class, last_use); class 1 = interactive, 0 = agent. An interactive checkpoint idle
-        in KV-RAM for longer than interactive_ttl has class 0."""
+    def rank(self, state: RetainedState, now: float | None = None) -> tuple[int, int, float]:
+        """Higher keeps longer: (current, class, last_use); current 0 for a superseded checkpoint, else 1; class
+        1 = interactive, 0 = agent. An interactive checkpoint idle in KV-RAM for longer than interactive_ttl has
+        class 0 (DESIGN §4.4)."""
         now = self.clock() if now is None else now
         cls = 1 if state.priority == "interactive" else 0
-        if cls and state.kind == "checkpoint" and state.tier == "ram" and now - state.last_use > self.interactive_ttl:
+        if cls and state.kind == "checkpoint" and state.tier == RAM and now - state.last_use > self.interactive_ttl:
             cls = 0
-        return cls, state.last_use
+        return 0 if state.superseded else 1, cls, state.last_use
 
     def victim(self, *, below: tuple | None = None, with_slot: bool = False,
                now: float | None = None) -> RetainedState | None:
@@ -174,7 +178,7 @@ class RetainedStore:
         if self.needs_slot:
             got = self._take_slot(t.id)
             if got is None:
-                new_rank = (1 if t.priority == "interactive" else 0, now)
+                new_rank = (1, 1 if t.priority == "interactive" else 0, now)
                 v = self.victim(below=new_rank, with_slot=True, now=now)
                 if v is not None:
                     t.dropped.append(v.id)
@@ -204,31 +208,31 @@ class RetainedStore:
     def commit(self, ticket: CaptureTicket, pages: Sequence[int]) -> CommitResult:
         """Phase 2: retain the state of ``ticket`` with ``pages`` (one reference each taken for the store; see the
         module docstring), index it, and for a checkpoint apply the conversation rule: the older checkpoints whose
-        content is a prefix of this one's are the same conversation; of them only the latest one taken right after a
-        real user message is kept, and none when this one is (this one is the conversation's latest). If an
-        identical state was committed meanwhile, this one's pages and slot are released and that one is returned.
+        content is a prefix of this one's are the same conversation's; all of them but the latest one taken right
+        after a real user message (none when this one is) are marked superseded — kept, ranked below every current
+        state. If an identical state was committed meanwhile, this one's pages (through ``on_free``) and slot are
+        released and that one is returned.
 
         Raises ValueError for a ticket that is not reserved, or a page count other than pages_for(len(tokens)).
         """
         if self._tickets.get(ticket.id) is not ticket:
             raise ValueError(f"ticket {ticket.id} is not reserved (refused, aborted or committed)")
         pages = list(pages)
-        if len(pages) != self.pool.pages_for(len(ticket.tokens)):
-            raise ValueError(f"{len(pages)} pages for {len(ticket.tokens)} tokens "
-                             f"(want {self.pool.pages_for(len(ticket.tokens))})")
+        want = -(-len(ticket.tokens) // self.page_tokens)
+        if len(pages) != want:
+            raise ValueError(f"{len(pages)} pages for {len(ticket.tokens)} tokens (want {want})")
         del self._tickets[ticket.id]
         now = self.clock()
+        placement = Placement(DEVICE, pages, slot_tier=ticket.slot_tier, slot=ticket.slot)
         same = self._find(ticket.kind, ticket.tokens, ticket.image_spans, ticket.stamp)
         if same is not None:
-            self.pool.release(pages)
-            if ticket.slot is not None:
-                self.slot_pools[ticket.slot_tier].release(ticket.slot)
+            self._release(placement)
             same.last_use = now
             if ticket.priority == "interactive":
                 same.priority = "interactive"
             return CommitResult(same, duplicate=True)
-        s = RetainedState(ticket.id, ticket.kind, ticket.tokens, ticket.image_spans, pages, ticket.slot,
-                          ticket.slot_tier, ticket.priority, now, now, ticket.stamp, after_user=ticket.after_user)
+        s = RetainedState(ticket.id, ticket.kind, ticket.tokens, ticket.image_spans, placement, ticket.priority,
+                          now, now, ticket.stamp, after_user=ticket.after_user)
         older = []
         if s.kind == "checkpoint":
             older = [self._states[m.state_id] for m in self.index.matches(s.tokens, s.image_spans)]
@@ -239,11 +243,14 @@ class RetainedStore:
         if not s.after_user:
             users = [o for o in older if o.after_user]
             keep = max(users, key=lambda o: (o.n_tokens, o.created)) if users else None
-        dropped = [o.id for o in older if o is not keep]
+        superseded = []
         for o in older:
-            if o is not keep:
-                self.drop(o.id)
-        return CommitResult(s, dropped=dropped)
+            if o is keep:
+                o.superseded = False
+            elif not o.superseded:
+                o.superseded = True
+                superseded.append(o.id)
+        return CommitResult(s, superseded=superseded)
 
     # ---------------------------------------------------------------- lookup
     def stamp_ok(self, state: RetainedState) -> bool:
@@ -312,45 +319,26 @@ class RetainedStore:
         self._free(s)
         return True
 
+    def _release(self, placement: Placement) -> None:
+        """Let go of `placement`: free its retained slot here, then hand its page references to ``on_free``."""
+        if placement.slot is not None:
+            self.slot_pools[placement.slot_tier].release(placement.slot)
+        held = Placement(placement.tier, list(placement.pages), list(placement.extents), placement.disk_file)
+        placement.pages, placement.extents, placement.disk_file = [], [], None
+        placement.slot_tier, placement.slot = None, None
+        if self.on_free is not None and not held.holds_nothing:
+            self.on_free(held)
+
     def _free(self, s: RetainedState) -> None:
         if not s.doomed:
             self.index.remove(s.id)
         del self._states[s.id]
-        if s.pages:
-            self.pool.release(s.pages)
-            s.pages = []
-        if s.slot is not None:
-            self.slot_pools[s.slot_tier].release(s.slot)
-            s.slot = None
+        self._release(s.placement)
 
     def reset(self) -> int:
         """The ``reset`` op: drop every retained state. Pinned ones (a restore in flight) are doomed — out of the
         index at once, freed when the restore lets go. Returns how many were freed now."""
         return sum(self.drop(sid) for sid in list(self._states))
-
-    def evict_for_pages(self, free_pages: int) -> list[str]:
-        """Drop lowest-ranked unpinned states until at least ``free_pages`` pages are free in the pool, or none is
-        left to drop (retained state is always first to go and never refuses an admission). Returns the dropped ids.
-        A dropped state frees only the pages no one else holds."""
-        dropped = []
-        while self.pool.free < free_pages:
-            v = self.victim()
-            if v is None:
-                break
-            dropped.append(v.id)
-            self._free(v)
-        return dropped
-
-    def set_tier(self, state_id: str, tier: str, *, release_pages: bool = False) -> None:
-        """Record that ``state_id`` now lives in ``tier`` (the hook for tiers.py). release_pages: give its device
-        pages back to the pool (its KV now lives in the host arena or on disk). Raises KeyError / ValueError."""
-        if tier not in TIERS:
-            raise ValueError(f"tier {tier!r} not one of {TIERS}")
-        s = self._states[state_id]
-        if release_pages and s.pages:
-            self.pool.release(s.pages)
-            s.pages = []
-        s.tier = tier
 
     # ---------------------------------------------------------------- integrity
     def slot_holders(self) -> dict[str, list[int]]:
@@ -381,5 +369,5 @@ class RetainedStore:
                 raise IntegrityError(f"retained state {s.id}: pins {s.pins}, doomed {s.doomed}")
             if self.needs_slot and s.slot is None:
                 raise IntegrityError(f"retained state {s.id} holds no slot on a hybrid model")
-            if s.tier == "device" and len(s.pages) != self.pool.pages_for(s.n_tokens):
+            if s.tier == DEVICE and len(s.pages) != -(-s.n_tokens // self.page_tokens):
                 raise IntegrityError(f"retained state {s.id}: {len(s.pages)} pages for {s.n_tokens} tokens")

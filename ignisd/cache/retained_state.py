@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ignisd.cache.placement import Placement
 from ignisd.cache.prefix_index import Candidate, ImageSpan
+from ignisd.vocab import PRIORITIES
 
-KINDS = ("prefix", "checkpoint")
-TIERS = ("device", "ram", "disk")
-SLOT_TIERS = ("device", "host")
-PRIORITIES = ("interactive", "agent")
 DEFAULT_INTERACTIVE_TTL = 300.0
 
 # ReserveResult.refused / LookupResult.reason values
@@ -45,28 +43,27 @@ class RetainedState:
     """One retained prefix or prompt checkpoint.
 
     id: the store's key ("ret-N"). kind: "prefix" | "checkpoint". tokens: the token ids it covers (its position is
-    len(tokens)). image_spans: [(start, end, sha256 hex)] of the images in them. pages: KV page ids in position order
-    (pages_for(len(tokens)) of them while tier == "device"; never written). slot: retained image slot id, or None on
-    an all-attention model. slot_tier: "device" | "host" | None (which retained-slot pool the slot is in).
-    priority: "interactive" | "agent". created, last_use: clock seconds. tier: "device" | "ram" | "disk" (where
-    its pages are). stamp: see Stamp. after_user: a checkpoint taken right after a real user message. pins:
-    lookups restoring from it (a pinned state is never dropped). doomed: dropped while pinned: out of the index,
-    freed at the last unpin.
+    len(tokens)). image_spans: [(start, end, sha256 hex)] of the images in them. placement: where its bytes are
+    (tier, device pages in position order — pages_for(len(tokens)) of them while on the device, never written —
+    and its retained image slot, None on an all-attention model). priority: "interactive" | "agent". created,
+    last_use: clock seconds. stamp: see Stamp. after_user: a checkpoint taken right after a real user message.
+    superseded: a newer checkpoint of the same conversation replaced it as one of the two it keeps ranked high; it
+    stays (a fork, an edit or a regeneration still resumes at it) but ranks below every state that is not
+    superseded (DESIGN §4.4). pins: lookups restoring from it (a pinned state is never dropped). doomed: dropped
+    while pinned: out of the index, freed at the last unpin.
     """
 
     id: str
     kind: str
     tokens: tuple[int, ...]
     image_spans: tuple[ImageSpan, ...]
-    pages: list[int]
-    slot: int | None
-    slot_tier: str | None
+    placement: Placement
     priority: str
     created: float
     last_use: float
     stamp: Stamp
-    tier: str = "device"
     after_user: bool = False
+    superseded: bool = False
     pins: int = 0
     doomed: bool = False
 
@@ -79,6 +76,26 @@ class RetainedState:
     def image_digests(self) -> tuple[str, ...]:
         """The SHA-256 digests of its images, in position order."""
         return tuple(d for _, _, d in self.image_spans)
+
+    @property
+    def tier(self) -> str:
+        """Where its KV bytes are: placement.tier."""
+        return self.placement.tier
+
+    @property
+    def pages(self) -> list[int]:
+        """Its device pages (placement.pages)."""
+        return self.placement.pages
+
+    @property
+    def slot(self) -> int | None:
+        """Its retained image slot id (placement.slot)."""
+        return self.placement.slot
+
+    @property
+    def slot_tier(self) -> str | None:
+        """The retained-slot pool of its image, "device" | "host" (placement.slot_tier)."""
+        return self.placement.slot_tier
 
 
 @dataclass
@@ -107,11 +124,11 @@ class CaptureTicket:
 @dataclass
 class CommitResult:
     """The answer of ``commit``: the state now retained (an older identical one when ``duplicate``), and the ids of
-    the states the conversation rule dropped (or doomed, when pinned)."""
+    the older checkpoints of its conversation that the conversation rule marked superseded (kept, ranked lowest)."""
 
     state: RetainedState
     duplicate: bool = False
-    dropped: list[str] = field(default_factory=list)
+    superseded: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -41,10 +41,6 @@ class StateSlots:
         del self._owner[slot]
         self._free.append(slot)
 
-    def owner(self, slot: int) -> str | None:
-        """The holder of `slot` (None when free)."""
-        return self._owner.get(slot)
-
     def check_integrity(self, held: Iterable[int]) -> None:
         """Prove free + held = total and that `held` (the slots the holders say they own) matches the owner table."""
         held = list(held)

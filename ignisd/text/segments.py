@@ -1,6 +1,6 @@
-"""Cut points of a rendered prompt and the traversal plan of its prefill (DESIGN §4.3). †: imports no torch.
+"""Cut points of a rendered prompt (DESIGN §4.3). †: imports no torch.
 
-Three steps, each a pure function on strings and ints:
+Two steps, each a pure function on strings and ints (the traversal plan built on them is ``ignisd/traversal.py``):
 
 * ``message_spans(template, messages, text)`` (``text/spans.py``): where each message lies in the rendered
   text, by prefix renders and, where the template looks ahead, probe renders.
@@ -8,29 +8,18 @@ Three steps, each a pure function on strings and ints:
   to a whole page; 0 when shorter than a page) and the **opener** (first token of the final generation opener).
   A cut at character c maps to the token that starts exactly at c; none: the cut is skipped (``cut_unaligned``).
   A cut inside an image span moves back to the image's start.
-* ``plan_traversals(resume, publish, opener, n, chunk_tokens=…)``: which points to capture and how prefill is
-  chunked: chunk k of traversal [a, b) is [a + kC, min(b, a + (k+1)C)).
 
 All positions are token indices; character positions are Python ``str`` indices of the rendered text.
 """
 from __future__ import annotations
 
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
-from ignisd.text.spans import (  # noqa: F401  (re-exported: callers import these from ignisd.text.segments)
-    MARKERS,
-    PROBE_CONTENT,
-    MessageSpan,
-    Renderer,
-    Spans,
-    detect_marker,
-    message_at_char,
-    message_spans,
-)
+from ignisd.text.spans import Spans
+from ignisd.vocab import PAGE_TOKENS
 
-PAGE_TOKENS = 64
 SYSTEM_ROLES = ("system", "developer")
 
 # Why a cut was not placed (``CutPoints.publish_why`` / ``opener_why``); ``CutPoints.reason`` maps them to wire.
@@ -145,99 +134,3 @@ def cut_points(text: str, ids: Sequence[int], offsets: Sequence[Sequence[int]], 
         else:
             opener = _out_of_images(t, image_spans)
     return CutPoints(publish, opener, publish_char, opener_char, publish_why, opener_why)
-
-
-# ---------------------------------------------------------------- traversal plan
-
-KIND_PREFIX = "prefix"
-KIND_CHECKPOINT = "checkpoint"
-
-SKIP_NONE = "none"                    # no such point (publish 0, opener None)
-SKIP_RESUMED_PAST = "resumed_past"    # the request resumed at or past it
-SKIP_TOO_CLOSE = "too_close"          # less than min_gap past the previous capture or the resume point
-SKIP_AT_END = "at_end"                # at or past the end of the prompt
-
-
-@dataclass(frozen=True)
-class Capture:
-    """Capture a retained state of ``kind`` after the prefill of tokens [0, pos)."""
-
-    pos: int
-    kind: str
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A cut point that is not captured, and why (one of the SKIP_* strings)."""
-
-    pos: int | None
-    kind: str
-    why: str
-
-
-@dataclass(frozen=True)
-class TraversalPlan:
-    """How a prompt of ``end`` tokens resumed at ``resume`` is prefilled (DESIGN §4.3).
-
-    traversals: consecutive [a, b) ranges covering [resume, end), split at each capture. captures: in position
-    order. skipped: cut points not captured. chunk_tokens: C; chunk k of [a, b) is [a + kC, min(b, a + (k+1)C)).
-    """
-
-    resume: int
-    end: int
-    chunk_tokens: int
-    captures: tuple[Capture, ...]
-    skipped: tuple[Skipped, ...]
-    traversals: tuple[tuple[int, int], ...] = field(default=())
-
-    def chunks(self) -> list[tuple[int, int]]:
-        """Every prefill chunk [a, b) in order."""
-        c = self.chunk_tokens
-        return [(x, min(b, x + c)) for a, b in self.traversals for x in range(a, b, c)]
-
-    def chunk_end(self, pos: int) -> int:
-        """End of the chunk that starts at token ``pos`` (``pos`` must be a chunk start). Raises ValueError."""
-        for a, b in self.traversals:
-            if a <= pos < b:
-                if (pos - a) % self.chunk_tokens:
-                    raise ValueError(f"{pos} is not a chunk start of traversal [{a}, {b})")
-                return min(b, pos + self.chunk_tokens)
-        raise ValueError(f"{pos} is outside [{self.resume}, {self.end})")
-
-    def capture_at(self, pos: int) -> Capture | None:
-        """The capture taken once tokens [0, pos) are prefilled, or None."""
-        return next((c for c in self.captures if c.pos == pos), None)
-
-
-def plan_traversals(resume: int, publish: int | None, opener: int | None, n: int, *, chunk_tokens: int,
-                    page_tokens: int = PAGE_TOKENS, min_gap: int | None = None) -> TraversalPlan:
-    """Capture points and prefill traversals of a prompt of ``n`` tokens resumed at ``resume`` (0 = cold).
-
-    publish (→ a retained "prefix") and opener (→ a "checkpoint") are the cut points (0/None: none). A point is
-    skipped when the request resumed at or past it, when it is less than ``min_gap`` (default one page) past the
-    previous capture or the resume point, or when it is at or past ``n`` (the last traversal must hold the tokens
-    whose logits are sampled). Raises ValueError unless 0 <= resume < n and chunk_tokens >= 1.
-    """
-    if not 0 <= resume < n:
-        raise ValueError(f"resume {resume} outside [0, {n})")
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    gap = page_tokens if min_gap is None else min_gap
-    captures: list[Capture] = []
-    skipped: list[Skipped] = []
-    prev = resume
-    for pos, kind in ((publish, KIND_PREFIX), (opener, KIND_CHECKPOINT)):
-        if pos is None or pos <= 0:
-            skipped.append(Skipped(pos, kind, SKIP_NONE))
-        elif pos <= resume:
-            skipped.append(Skipped(pos, kind, SKIP_RESUMED_PAST))
-        elif pos >= n:
-            skipped.append(Skipped(pos, kind, SKIP_AT_END))
-        elif pos - prev < gap:
-            skipped.append(Skipped(pos, kind, SKIP_TOO_CLOSE))
-        else:
-            captures.append(Capture(pos, kind))
-            prev = pos
-    cuts = [resume] + [c.pos for c in captures] + [n]
-    traversals = tuple((cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1))
-    return TraversalPlan(resume, n, chunk_tokens, tuple(captures), tuple(skipped), traversals)

@@ -215,8 +215,8 @@ def test_burst_with_tools_hybrid(qwen_daemon):
 
 @pytest.fixture(scope="module")
 def qwen_wide(start_daemon, tiny_qwen35_real_dir):
-    """The tiny Qwen3.5 hybrid with room for a burst of long subagent prompts: 4 lanes, context 4,096, 32K KV tokens, 4 retained
-    slots per lane."""
+    """The tiny Qwen3.5 hybrid with room for a burst of long subagent prompts: 4 lanes, context 4,096, 32K KV tokens,
+    4 retained slots per lane."""
     return start_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "4", "--vram-kv-pool-bytes", "32Ktok",
                          "--model-context-tokens", "4096", "--reuse-host-slots-per-lane", "4"])
 

@@ -11,7 +11,8 @@ pytestmark = pytest.mark.smollm
 
 PROMPTS = [
     "Write a haiku about the sea.", "What is 17 times 23?", "Name three primary colors.",
-    "Explain recursion to a child.", "Translate 'good morning' into French.", "Give me a Python one-liner to reverse a list.",
+    "Explain recursion to a child.", "Translate 'good morning' into French.",
+    "Give me a Python one-liner to reverse a list.",
     "What is the boiling point of water in Kelvin?", "Who wrote Pride and Prejudice?", "List four planets.",
     "Describe a cat in two sentences.", "What does HTTP stand for?", "Suggest a name for a bakery.",
     "Why is the sky blue?", "Write a limerick about a programmer.", "What is the square root of 144?",

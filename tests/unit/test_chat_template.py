@@ -201,7 +201,7 @@ def test_image_part_is_model_unsupported_on_a_text_model():
     """A well-formed OpenAI image part is refused with model_unsupported (no model served here has a vision tower:
     the loader skips the visual weights), naming the part; it is never dropped silently."""
     msgs = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
-                                         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=",
+                                         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=",  # noqa: E501
                                                                              "detail": "low"}}]}]
     with pytest.raises(MessageError) as info:
         prepare_messages(msgs, "keep")
@@ -225,7 +225,7 @@ def _ten_turn_agent_conversation() -> list[dict]:
     (arguments as JSON strings, as OpenAI clients send them, and as objects), tools answer, the user follows up."""
     tools_args = [
         ("read_file", {"path": "src/main.py"}), ("run_tests", {"target": "tests/unit", "verbose": True}),
-        ("grep", {"pattern": "def main", "paths": ["src", "tests"]}), ("write_file", {"path": "a.py", "text": "x = 1\n"}),
+        ("grep", {"pattern": "def main", "paths": ["src", "tests"]}), ("write_file", {"path": "a.py", "text": "x = 1\n"}),  # noqa: E501
     ]
     msgs = [{"role": "system", "content": "You are a careful coding agent. Today is 2026-11-29."},
             {"role": "user", "content": "The tests fail on main. Find out why and fix it."}]

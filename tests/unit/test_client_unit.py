@@ -80,7 +80,7 @@ class FakeDaemon:
         elif op == "status":
             send({"id": rid, "type": "result", "result": {"queue": {"waiting": 0}, "lanes": {"total": 8}}})
         elif op == "metrics":
-            send({"id": rid, "type": "result", "result": {"text": "# TYPE ignis_lanes_busy gauge\nignis_lanes_busy 0.0\n"}})
+            send({"id": rid, "type": "result", "result": {"text": "# TYPE ignis_lanes_busy gauge\nignis_lanes_busy 0.0\n"}})  # noqa: E501
         elif op == "cancel":
             self.cancelled.add(req["target"])
             send({"id": rid, "type": "result", "result": {"cancelled": True}})

@@ -59,6 +59,7 @@ SAMPLES = {
     "model.path": ("/models/m.gguf", "/models/m.gguf"),
     "model.kv_format": ("bf16", "bf16"),
     "model.context_tokens": ("4096", 4096),
+    "model.weight_format": ("fp32", "fp32"),
     "vram.kv_pool_bytes": ("900Ktok", Size(tokens=900 * 1024)),
     "kv.exact_window": ("128", 128),
     "kv.exact_sinks": ("4", 4),
@@ -93,6 +94,7 @@ SAMPLES = {
     "server.request_log": ("/var/log/ignis/requests.log", "/var/log/ignis/requests.log"),
     "server.request_log_bytes": ("1M", 2**20),
     "server.canonicalize_tools": ("on", True),
+    "server.strip_billing_header": ("off", False),
 }
 
 

@@ -172,14 +172,17 @@ def test_divergence_is_standard_library_only():
 
 def test_reuse_control_plane_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None; sys.modules['numpy'] = None\n"
-            "import ignisd.text.segments, ignisd.cache.prefix_index, ignisd.cache.retained\n"
+            "import ignisd.text.segments, ignisd.traversal, ignisd.cache.prefix_index, ignisd.cache.retained\n"
             "import ignis_client.divergence\n"
+            "from ignisd.cache.manager import CacheManager\n"
             "from ignisd.cache.page_pool import PagePool\n"
-            "from ignisd.cache.retained import RetainedStore, Stamp\n"
-            "s = RetainedStore(PagePool(4), Stamp('h', 'fp32'), needs_slot=False)\n"
+            "from ignisd.cache.retained import RetainedStore\n"
+            "from ignisd.cache.retained_state import Stamp\n"
+            "s = RetainedStore(Stamp('h', 'fp32'), needs_slot=False)\n"
+            "pool = PagePool(4); CacheManager(pool, 1, retained=s)\n"
             "t = s.reserve_capture('prefix', list(range(64)))\n"
-            "s.commit(t, s.pool.alloc(1)); assert s.lookup(list(range(70))).matched_tokens == 64\n"
-            "p = ignisd.text.segments.plan_traversals(0, 64, 100, 103, chunk_tokens=32)\n"
+            "s.commit(t, pool.alloc(1)); assert s.lookup(list(range(70))).matched_tokens == 64\n"
+            "p = ignisd.traversal.plan_traversals(0, 64, 100, 103, chunk_tokens=32)\n"
             "bad = [m for m in sys.modules if m.startswith(('torch', 'numpy')) and sys.modules[m] is not None]\n"
             "assert not bad, bad\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)

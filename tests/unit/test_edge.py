@@ -49,10 +49,8 @@ class ScriptedEngine:
         return True
 
     def status(self):
-        return {"lanes": {}, "queue": {}, "kv_pool": {}, "requests": [], "live_states": 0}
-
-    def reuse_status(self):
-        return {"slots": {}, "retained": []}
+        return {"lanes": {}, "queue": {}, "kv_pool": {}, "slots": {}, "tiers": [], "retained": [], "requests": [],
+                "live_states": 0}
 
     def reset(self):
         return 2

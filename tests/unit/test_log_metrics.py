@@ -37,7 +37,7 @@ def logs():
 
 def test_format_fields_by_hand():
     assert L.format_fields(id="r1", prompt=12, cached=0, tier=None, ttft_ms=12.3456, tok_s=50.0, ok=True,
-                           finish="stop") == "id=r1 prompt=12 cached=0 tier=- ttft_ms=12.346 tok_s=50 ok=true finish=stop"
+                           finish="stop") == "id=r1 prompt=12 cached=0 tier=- ttft_ms=12.346 tok_s=50 ok=true finish=stop"  # noqa: E501
     assert L.format_fields(text="hello world") == 'text="hello world"'
     assert L.format_fields(q='say "hi"') == r'q="say \"hi\""'
     assert L.format_fields(e="", eq="a=b", nl="a\nb", bs="a\\b") == r'e="" eq="a=b" nl="a\nb" bs="a\\b"'

@@ -49,7 +49,7 @@ def test_admission_reserves_whole_bound_and_queues():
     s.submit(_req("a", 100, max_tokens=100))   # 200 tokens -> 4 pages: whole pool
     s.submit(_req("b", 10, max_tokens=10))
     plan = s.schedule()
-    assert [it.seq.rid for it in plan.items] == ["a", "a"]     # 100 tokens: chunks [0,64) and [64,100)
+    assert [it.seq_id for it in plan.items] == ["a", "a"]     # 100 tokens: chunks [0,64) and [64,100)
     assert [(it.start, len(it.token_ids)) for it in plan.items] == [(0, 64), (64, 36)]
     assert s.cache.pool.free == 0 and [q.rid for q in s.waiting] == ["b"]
     assert plan.items[-1].sample and not plan.items[0].sample
@@ -84,7 +84,7 @@ def test_chunks_restart_at_multiples_and_budget_holds():
     rounds = []
     for _ in range(4):
         plan = s.schedule()
-        rounds.append([(it.seq.rid, it.start, len(it.token_ids)) for it in plan.items])
+        rounds.append([(it.seq_id, it.start, len(it.token_ids)) for it in plan.items])
         s.update(plan, [ItemResult(token_id=7 if it.sample else None) for it in plan.items])
     # shortest remaining prefill first, and a round that ends a prefill runs no other prefill (head-of-line rule);
     # then only whole chunks within the 100-token budget (chunk = min(64, 100)), restarting at multiples of 64
@@ -104,7 +104,7 @@ def test_update_emits_tokens_stop_and_length_and_frees_pages():
     assert ev[1].finish_reason is FinishReason.STOP and ev[1].generated_tokens == 1
     for _ in range(2):
         plan = s.schedule()
-        assert [(it.seq.rid, it.start, it.token_ids) for it in plan.items][0][:2] == ("a", s.running[0].computed)
+        assert [(it.seq_id, it.start, it.token_ids) for it in plan.items][0][:2] == ("a", s.running[0].computed)
         ev = s.update(plan, [ItemResult(token_id=5)])
     assert isinstance(ev[-1], DoneEvent) and ev[-1].finish_reason is FinishReason.LENGTH
     assert ev[-1].generated_tokens == 3 and ev[-1].prompt_tokens == 10 and ev[-1].cached_tokens == 0

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from ignisd.cache.manager import CacheManager
 from ignisd.cache.page_pool import IntegrityError, PagePool
-from ignisd.cache.retained import RetainedStore, Stamp
+from ignisd.cache.placement import Placement
+from ignisd.cache.retained import RetainedStore
+from ignisd.cache.retained_state import Stamp
 from ignisd.cache.state_slots import StateSlots
 
 STAMP = Stamp("abc123", "fp32")
@@ -21,14 +24,17 @@ class Clock:
 
 
 class World:
-    """A pool, one live sequence holding pages for the whole prompt, and a store."""
+    """A pool, one live sequence holding pages for the whole prompt, and a store, owned by a cache manager (which
+    drops the pages of every state the store lets go)."""
 
     def __init__(self, pages=64, device=0, host=2, needs_slot=True, ttl=300.0):
         self.clock = Clock()
         self.pool = PagePool(pages, 64)
-        self.store = RetainedStore(self.pool, STAMP, device_slots=StateSlots(device) if device is not None else None,
+        self.store = RetainedStore(STAMP, page_tokens=64,
+                                   device_slots=StateSlots(device) if device is not None else None,
                                    host_slots=StateSlots(host), needs_slot=needs_slot, interactive_ttl=ttl,
                                    clock=self.clock)
+        self.cache = CacheManager(self.pool, 1, retained=self.store)
         self.live: dict[str, list[int]] = {}
 
     def run(self, name: str, tokens: list[int]) -> list[int]:
@@ -166,28 +172,29 @@ def test_ranking_and_ttl_demotion():
     assert s.rank(inter_old.state) > s.rank(agent_new.state)   # interactive above agent, whatever the recency
     assert s.victim().id == agent_new.state.id
     # an interactive checkpoint idle in KV-RAM longer than the ttl ranks as agent (then by recency: it is older)
-    s.set_tier(inter_old.state.id, "ram")
+    s.get(inter_old.state.id).placement.tier = "ram"
     w.clock.t = inter_old.state.last_use + 300.0
-    assert s.rank(inter_old.state)[0] == 1                    # not longer than the ttl yet
+    assert s.rank(inter_old.state)[1] == 1                    # not longer than the ttl yet
     w.clock.t += 0.5
-    assert s.rank(inter_old.state)[0] == 0
+    assert s.rank(inter_old.state)[1] == 0
     s.get(agent_new.state.id).last_use = inter_old.state.last_use + 1
     assert s.victim().id == inter_old.state.id
     # on the device, or as a retained prefix, no demotion
-    s.set_tier(inter_old.state.id, "device")
-    assert s.rank(inter_old.state)[0] == 1
+    s.get(inter_old.state.id).placement.tier = "device"
+    assert s.rank(inter_old.state)[1] == 1
     _, pre = w.capture("r", p[:128], kind="prefix")
-    s.set_tier(pre.state.id, "ram")
+    s.get(pre.state.id).placement.tier = "ram"
     w.clock.t += 10_000
-    assert s.rank(pre.state)[0] == 1
-    assert s.rank(s.get(inter_old.state.id))[0] == 1
+    assert s.rank(pre.state)[1] == 1
+    assert s.rank(s.get(inter_old.state.id))[1] == 1
     with pytest.raises(ValueError):
-        s.set_tier(pre.state.id, "gpu")
+        Placement("gpu")
 
 
 def test_two_checkpoints_per_conversation_over_five_turns():
-    """turn 1 user → C1; tool results → C2, C3; user → C4; tool result → C5. Kept: the latest and the one right
-    after the last real user message; older ones of the same conversation are freed; others are untouched."""
+    """turn 1 user → C1; tool results → C2, C3; user → C4; tool result → C5. Ranked high: the latest and the one
+    right after the last real user message; older ones of the same conversation are superseded — kept, ranked below
+    every current state, so a fork or regeneration still resumes at them (DESIGN §4.4); others are untouched."""
     w = World(host=16)
     conv = SYS + [1] * 20                       # system block + first user message
     w.run("other", SYS + [9] * 90)
@@ -203,17 +210,43 @@ def test_two_checkpoints_per_conversation_over_five_turns():
         t, res = w.capture(f"t{k}", tokens, after_user=after_user)
         ids.append(res.state.id)
         w.end(f"t{k}")
-        kept.append(sorted(set(w.ids("checkpoint")) - {other.state.id}))
+        kept.append(sorted(s.id for s in w.store.states()
+                           if s.kind == "checkpoint" and not s.superseded and s.id != other.state.id))
         w.check()
     c1, c2, c3, c4, c5 = ids
     assert kept == [[c1], sorted([c1, c2]), sorted([c1, c3]), [c4], sorted([c4, c5])]
-    assert other.state.id in w.ids() and len(w.ids("prefix")) == 1
-    # every page of the freed checkpoints went back (only the pages still held remain used)
+    assert sorted(set(w.ids("checkpoint")) - {other.state.id}) == sorted(ids)      # nothing was dropped
+    assert [w.store.get(c).superseded for c in ids] == [True, True, True, False, False]
+    assert other.state.id in w.ids() and len(w.ids("prefix")) == 1 and not w.store.get(other.state.id).superseded
+    # superseded checkpoints are the first to go when room is needed, the oldest first
+    assert w.store.victim().id == c1
+    assert w.cache.evict_for_pages(w.pool.total)[:3] == [c1, c2, c3]
+    w.check()
     held = {p for h in w.store.holders() for p in h} | {p for h in w.live.values() for p in h}
     assert w.pool.used == len(held)
 
 
-def test_conversation_rule_spares_pinned_until_unpin():
+def test_fork_and_regeneration_resume_at_the_superseded_parent():
+    """A retry, a regeneration or a second fork from one point all hit: committing a longer checkpoint of the
+    conversation does not drop its parent (DESIGN §4.4: reuse copies and never consumes)."""
+    w = World(host=8)
+    turn2 = SYS + [1] * 100 + [2] * 80                        # the checkpoint after turn 2
+    w.run("r", turn2 + [3] * 120)
+    _, c2 = w.capture("r", turn2, after_user=False)
+    _, c3 = w.capture("r", turn2 + [3] * 120, after_user=True)   # turn 3 (a user turn) sent once
+    assert c3.superseded == [c2.state.id] and c2.state.id in w.store and c2.state.superseded
+    fork = turn2 + [4] * 60                                   # a different turn 3 from the same turn 2
+    hit = w.store.lookup(fork)
+    assert (hit.state.id, hit.matched_tokens) == (c2.state.id, len(turn2))
+    w.store.unpin(hit.state.id)
+    regen = turn2 + [7]                                       # regenerate turn 2's reply
+    hit = w.store.lookup(regen)
+    assert (hit.state.id, hit.matched_tokens) == (c2.state.id, len(turn2))
+    w.store.unpin(hit.state.id)
+    w.check()
+
+
+def test_conversation_rule_never_touches_a_pinned_parent():
     w = World(host=8)
     a = SYS + [1] * 100
     w.run("r", a + [2] * 100)
@@ -221,10 +254,10 @@ def test_conversation_rule_spares_pinned_until_unpin():
     hit = w.store.lookup(a + [2] * 50)
     assert hit.state is c1.state
     _, c2 = w.capture("r", (a + [2] * 100)[:260], after_user=True)
-    assert c2.dropped == [c1.state.id] and c1.state.doomed and c1.state.pins == 1
+    assert c2.superseded == [c1.state.id] and not c1.state.doomed and c1.state.pins == 1
     w.check()
     w.store.unpin(c1.state.id)
-    assert c1.state.id not in w.store
+    assert c1.state.id in w.store and w.store.victim().id == c1.state.id
     w.check()
 
 
@@ -281,7 +314,7 @@ def test_duplicates_reset_abort_and_evict_for_pages():
     w.check()
     # admission needs 14 free pages: retained states go first, lowest ranked first
     assert w.pool.free == 16 - 4                 # 3 shared full pages + the checkpoint's tail copy
-    dropped = w.store.evict_for_pages(14)
+    dropped = w.cache.evict_for_pages(14)
     assert dropped == [pre.state.id, t1.id] and w.pool.free == 16
     w.check()
     # reset drops everything; a pinned state is doomed and goes at its unpin

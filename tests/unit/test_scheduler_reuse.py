@@ -16,7 +16,7 @@ def make(pages=32, hybrid=False, host_slots=4, reuse=True, lanes=2, chunk=64, bu
     pool = PagePool(pages, PT)
     store = None
     if reuse:
-        store = RetainedStore(pool, Stamp("h", "fp32"), device_slots=StateSlots(0),
+        store = RetainedStore(Stamp("h", "fp32"), page_tokens=PT, device_slots=StateSlots(0),
                               host_slots=StateSlots(host_slots if hybrid else 0), needs_slot=hybrid)
     cache = CacheManager(pool, 1, slots=StateSlots(lanes) if hybrid else None, retained=store)
     return Scheduler(cache, lanes=lanes, context_tokens=4096, prefill_chunk=chunk, round_prefill_tokens=budget,
@@ -58,12 +58,12 @@ def test_cold_run_captures_prefix_and_checkpoint_at_chunk_ends():
     caps = [(it.start + len(it.token_ids), it.capture.kind) for p in log for it in p.items if it.capture]
     assert caps == [(128, "prefix"), (250, "checkpoint")]
     # chunks restart at each cut point; the capture chunk is the sequence's last of its round
-    starts = [it.start for p in log for it in p.items if it.seq.state]
+    starts = [it.start for p in log for it in p.items if it.seq_id]
     assert 128 in starts and 250 in starts and 192 in starts
     for p in log:
         for it in p.items:
             if it.capture:
-                assert it is [x for x in p.items if x.seq is it.seq][-1]
+                assert it is [x for x in p.items if x.seq_id == it.seq_id][-1]
     store = s.cache.retained
     assert sorted((x.kind, x.n_tokens) for x in store.states()) == [("checkpoint", 250), ("prefix", 128)]
     # the checkpoint shares the prefix's two full pages, holds a third and a private copy of its partial page
@@ -210,7 +210,7 @@ def test_burst_waits_for_the_first_to_publish_the_shared_block():
 def _step(s):
     plan = s.schedule()
     s.update(plan, [ItemResult(token_id=7 if it.sample else None) for it in plan.items])
-    return [(it.seq.rid, it.start, len(it.token_ids)) for it in plan.items]
+    return [(it.seq_id, it.start, len(it.token_ids)) for it in plan.items]
 
 
 def test_a_short_prefill_never_waits_behind_a_long_one():

@@ -1,0 +1,127 @@
+"""Start-up checks made before the model's weights load (DESIGN §6: a wrong value stops the start naming the key).
+
+†: imports no torch. What can be checked from the configuration and the model's metadata alone is checked here, so
+a refused value ends the start at once with exit code 2 and the key named, not seconds later after the weights
+loaded: the API key file, the model's architecture numbers (config.json or the GGUF header, no tensor read), the
+KV format and weight format, the context cap, and the KV pool's size (at least one page).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ignisd.cache.kv_format import get_kv_format
+from ignisd.config import Config
+from ignisd.vocab import PAGE_TOKENS
+
+AVAILABLE_KV_FORMATS = ("fp32", "bf16")
+AVAILABLE_WEIGHT_FORMATS = ("native", "fp32")
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message says why and what to change.
+
+    exit_code: 2 when a configuration value is refused (as for ConfigError), 1 for anything else.
+    """
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def read_api_key(path: str | None) -> str | None:
+    """The key in server.api_key_file (stripped), or None when unset. Raises StartupError (exit 2) naming the key
+    when the file cannot be read or holds nothing."""
+    if not path:
+        return None
+    try:
+        key = Path(path).read_text().strip()
+    except OSError as e:
+        raise StartupError(f"server.api_key_file {path!r}: {e.strerror}", exit_code=2) from None
+    if not key:
+        raise StartupError(f"server.api_key_file {path!r} is empty", exit_code=2)
+    return key
+
+
+def check_formats(cfg: Config) -> None:
+    """Refuse (exit 2) a model.kv_format or model.weight_format this build cannot serve."""
+    fmt = cfg.model.kv_format
+    if fmt is not None and fmt not in AVAILABLE_KV_FORMATS:
+        raise StartupError(f"model.kv_format = {fmt!r} is not available in this build; allowed: "
+                           f"{', '.join(AVAILABLE_KV_FORMATS)}", exit_code=2)
+    wf = cfg.model.weight_format
+    if wf not in AVAILABLE_WEIGHT_FORMATS:
+        raise StartupError(f"model.weight_format = {wf!r} is not available in this build; allowed: "
+                           f"{', '.join(AVAILABLE_WEIGHT_FORMATS)} (native serves the weights dequantized to fp32 "
+                           f"until quantized kernels exist)", exit_code=2)
+
+
+def choose_kv_format(cfg: Config) -> str:
+    """model.kv_format, or the default of DESIGN §6 on the CPU (fp32: hq-e8-2b is not in this build)."""
+    check_formats(cfg)
+    return cfg.model.kv_format or "fp32"
+
+
+def context_tokens(cfg: Config, model_context: int) -> int:
+    """model.context_tokens, or the model's. Raises StartupError (exit 2) when it exceeds the model's."""
+    want = cfg.model.context_tokens
+    if want is None:
+        return model_context
+    if want > model_context:
+        raise StartupError(f"model.context_tokens = {want} exceeds the model's context of {model_context} tokens",
+                           exit_code=2)
+    return want
+
+
+def plan_pool_pages(cfg: Config, bytes_per_token: int, context: int, mem_available: int) -> int:
+    """KV pool pages (DESIGN §4.1): vram.kv_pool_bytes in bytes (whole pages, rounded down) or in tokens (whole
+    pages, rounded down), else lanes × context tokens capped at half of `mem_available` bytes.
+    bytes_per_token: KV bytes of one token in the pool's format. Raises StartupError (exit 2) naming
+    vram.kv_pool_bytes when the size holds less than one page (64 tokens)."""
+    page_bytes = bytes_per_token * PAGE_TOKENS
+    size = cfg.vram.kv_pool_bytes
+    if size is None:
+        want = cfg.server.lanes * context * bytes_per_token
+        pages = min(want, mem_available // 2) // page_bytes
+        what = f"half of the available memory ({mem_available} bytes)"
+    elif size.tokens is not None:
+        pages = size.tokens // PAGE_TOKENS
+        what = f"vram.kv_pool_bytes = {size.tokens} tokens"
+    else:
+        pages = size.bytes // page_bytes
+        what = f"vram.kv_pool_bytes = {size.bytes} bytes"
+    if pages < 1:
+        raise StartupError(f"{what} holds no whole KV page (a page is {PAGE_TOKENS} tokens = {page_bytes} bytes "
+                           f"in this model's KV format); raise vram.kv_pool_bytes", exit_code=2)
+    return int(pages)
+
+
+def mem_available_bytes() -> int:
+    """MemAvailable of /proc/meminfo in bytes (8 GiB when it cannot be read)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def model_metadata(path: Path) -> tuple[dict | None, Path]:
+    """What the model at `path` declares before any weight is read: (config.json as a dict, or None for a GGUF
+    file, the file or directory). Raises FileNotFoundError as the loader would."""
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return json.loads((path / "config.json").read_text()), path
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) != 1:
+            raise FileNotFoundError(f"{path}: no config.json and {len(ggufs)} .gguf files (need exactly one)")
+        return None, ggufs[0]
+    if path.is_file():
+        return None, path
+    raise FileNotFoundError(f"model path {path} does not exist")
+
+
+def kv_bytes_per_token(spec, kv_format: str) -> int:
+    """KV bytes of one token of `spec` (a ModelSpec, read as a KV geometry) in `kv_format`."""
+    return get_kv_format(kv_format).bytes_per_token(spec)

@@ -1,0 +1,225 @@
+"""The engine's round loop in-process (ignisd/engine.py) with a fake runner: admission, chunking, capture, resume,
+cancel, finish and a failing round, on exact ids — the scheduler, the cache manager and the retained store are the
+real ones; only the forward pass is replaced. The fake runner answers every sampled item with token
+500 + (the position it predicts), so every token id below is computed by hand from the plan."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ignisd.cache.manager import CacheManager
+from ignisd.cache.page_pool import PagePool
+from ignisd.cache.retained import RetainedStore
+from ignisd.cache.retained_state import Stamp
+from ignisd.cache.state_slots import StateSlots
+from ignisd.engine import Engine
+from ignisd.plan import ItemResult, RoundPlan
+from ignisd.request import DoneEvent, ErrorEvent, FinishReason, Request, SamplingParams, TokenEvent
+from ignisd.scheduler import Scheduler
+
+PT = 64
+STOP = 9_999
+
+
+class FakeRunner:
+    """Stands in for ignisd.runner.Runner: records each plan (a value) and answers sampled items with
+    500 + start + len(token_ids). fail_at: the round index that raises instead."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.plans: list[RoundPlan] = []
+        self.fail_at = fail_at
+        self.forgotten: list[str] = []
+        self.stop_at: dict[str, int] = {}      # seq id -> the position whose prediction is the stop token
+        self.hooks: dict[int, object] = {}    # round index -> called in the worker thread during that round
+
+    def execute(self, plan: RoundPlan) -> list[ItemResult]:
+        self.plans.append(plan)
+        hook = self.hooks.get(len(self.plans) - 1)
+        if hook is not None:
+            hook()
+        if self.fail_at is not None and len(self.plans) - 1 == self.fail_at:
+            raise RuntimeError("injected forward failure")
+        out = []
+        for it in plan.items:
+            pos = it.start + len(it.token_ids)
+            tok = STOP if self.stop_at.get(it.seq_id) == pos else 500 + pos
+            out.append(ItemResult(token_id=tok if it.sample else None))
+        return out
+
+    def forget(self, rid: str) -> None:
+        self.forgotten.append(rid)
+
+    def chunks(self, rid: str) -> list[tuple[int, int]]:
+        """(start, length) of every item of `rid`, in plan order."""
+        return [(it.start, len(it.token_ids)) for p in self.plans for it in p.items if it.seq_id == rid]
+
+
+def make(*, pages=64, hybrid=False, host_slots=4, fail_at=None, lanes=4):
+    pool = PagePool(pages, PT)
+    store = RetainedStore(Stamp("h", "fp32"), page_tokens=PT, device_slots=StateSlots(0),
+                          host_slots=StateSlots(host_slots if hybrid else 0), needs_slot=hybrid)
+    cache = CacheManager(pool, 1, slots=StateSlots(lanes) if hybrid else None, retained=store)
+    sched = Scheduler(cache, lanes=lanes, context_tokens=4096, prefill_chunk=64, round_prefill_tokens=256,
+                      max_queue=16)
+    runner = FakeRunner(fail_at)
+    return Engine(sched, runner), runner
+
+
+def req(rid, ids, *, max_tokens=3, publish=0, opener=None, **kw):
+    return Request(rid, list(ids), SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                                  stop_token_ids=frozenset({STOP})),
+                   publish=publish, opener=opener, **kw)
+
+
+async def drain(q: asyncio.Queue) -> list:
+    out = []
+    while True:
+        ev = await asyncio.wait_for(q.get(), 10)
+        out.append(ev)
+        if isinstance(ev, (DoneEvent, ErrorEvent)):
+            return out
+
+
+def run(engine: Engine, body):
+    """Run the engine loop while `body(engine)` (a coroutine function) talks to it; then stop it."""
+    async def main():
+        task = asyncio.create_task(engine.run())
+        try:
+            return await body(engine)
+        finally:
+            engine.stop()
+            await task
+    return asyncio.run(main())
+
+
+PROMPT = list(range(1000, 1300))                # 300 tokens: publish 128, opener 250
+
+
+def test_admission_chunking_capture_and_finish_on_exact_ids():
+    engine, runner = make()
+
+    async def body(e):
+        return await drain(e.submit(req("a", PROMPT, publish=128, opener=250, after_user=True)))
+
+    events = run(engine, body)
+    # chunks restart at each cut point: [0,128) in 64s, [128,250) in 64s, then [250,300); at most 256 a round and the
+    # capture chunk is the sequence's last of its round
+    assert runner.chunks("a") == [(0, 64), (64, 64), (128, 64), (192, 58), (250, 50), (300, 1), (301, 1)]
+    rounds = [[(it.start, len(it.token_ids), it.capture.kind if it.capture else None) for it in p.items]
+              for p in runner.plans]
+    assert rounds == [[(0, 64, None), (64, 64, "prefix")], [(128, 64, None), (192, 58, "checkpoint")],
+                      [(250, 50, None)], [(300, 1, None)], [(301, 1, None)]]
+    assert [p.items[0].phase for p in runner.plans] == ["prefill", "prefill", "prefill", "decode", "decode"]
+    toks = [ev.token_id for ev in events if isinstance(ev, TokenEvent)]
+    assert toks == [800, 801, 802]               # 500 + the position each token predicts
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.finish_reason is FinishReason.LENGTH
+    assert (done.prompt_tokens, done.cached_tokens, done.prefilled_tokens, done.generated_tokens) == (300, 0, 300, 3)
+    assert done.reuse.reason == "miss"
+    store = engine.cache.retained
+    assert sorted((s.kind, s.n_tokens, tuple(s.pages)) for s in store.states()) == [
+        ("checkpoint", 250, (0, 1, 2, 5)), ("prefix", 128, (0, 1))]   # pages 0-4 were a's; 5 the tail copy
+    assert engine.integrity_checks == 1 and runner.forgotten == ["a"]
+    assert engine.cache.pool.used == 4 and engine.cache.live_pages() == 0
+
+
+def test_the_next_turn_resumes_at_the_checkpoint():
+    engine, runner = make()
+    turn2 = PROMPT[:250] + list(range(5000, 5100))
+
+    async def body(e):
+        await drain(e.submit(req("a", PROMPT, publish=128, opener=250)))
+        n = len(runner.plans)
+        ev = await drain(e.submit(req("b", turn2, publish=128, opener=None, max_tokens=2)))
+        return n, ev
+
+    n, events = run(engine, body)
+    plan = runner.plans[n]
+    (rs,) = plan.restores
+    ck = next(s for s in engine.cache.retained.states() if s.kind == "checkpoint")
+    # b shares a's pages 0-2 and allocates 3 more: a released 3 then 4, the pool hands out the last freed first
+    assert (rs.seq_id, rs.state_id, rs.src_page, rs.dst_page) == ("b", ck.id, ck.pages[3], 4)
+    assert runner.chunks("b") == [(250, 64), (314, 36), (350, 1)]
+    assert [ev.token_id for ev in events if isinstance(ev, TokenEvent)] == [850, 851]
+    done = events[-1]
+    assert (done.cached_tokens, done.prefilled_tokens, done.reuse.kind, done.reuse.tier) == (250, 100, "checkpoint",
+                                                                                            "device")
+    assert ck.pins == 0 and engine.integrity_checks == 2
+
+
+def test_cancel_mid_prefill_and_stop_token():
+    engine, runner = make()
+    runner.stop_at["s"] = 101                   # s's second sampled token is the stop token
+
+    async def body(e):
+        loop = asyncio.get_running_loop()
+        # the cancel arrives while round 1 runs (queued on the loop before that round's result): it takes effect
+        # at the next round boundary
+        runner.hooks[1] = lambda: loop.call_soon_threadsafe(e.cancel, "long")
+        qa = e.submit(req("long", list(range(2000, 2800)), max_tokens=5))
+        qs = e.submit(req("s", list(range(3000, 3100)), max_tokens=5))
+        return await drain(qa), await drain(qs)
+
+    ea, es = run(engine, body)
+    assert isinstance(ea[-1], DoneEvent) and ea[-1].finish_reason is FinishReason.CANCELLED
+    # round 0 ran only s (its prefill ends there: the head-of-line rule), round 1 gave long the whole budget
+    assert ea[-1].generated_tokens == 0 and ea[-1].prefilled_tokens == 256
+    assert runner.chunks("long") == [(0, 64), (64, 64), (128, 64), (192, 64)]
+    assert runner.chunks("s") == [(0, 64), (64, 36), (100, 1)]
+    assert [ev.token_id for ev in es if isinstance(ev, TokenEvent)] == [600]
+    assert es[-1].finish_reason is FinishReason.STOP and es[-1].generated_tokens == 2
+    assert engine.cache.live_pages() == 0
+    engine.cache.check_integrity()
+
+
+def test_a_failing_round_fails_only_its_requests_and_aborts_its_captures():
+    engine, runner = make(fail_at=1)            # the round holding the checkpoint capture raises
+
+    async def body(e):
+        return await drain(e.submit(req("a", PROMPT, publish=128, opener=250)))
+
+    events = run(engine, body)
+    assert isinstance(events[-1], ErrorEvent) and events[-1].code == "internal"
+    store = engine.cache.retained
+    # the prefix committed in round 0 stays; the checkpoint reserved for round 1 was aborted with its copy page
+    assert [(s.kind, s.n_tokens) for s in store.states()] == [("prefix", 128)]
+    assert engine.cache.pool.used == 2 and engine.cache.live_pages() == 0
+    engine.cache.check_integrity()
+
+
+@pytest.mark.parametrize("n, reason", [(40, "short"), (64, "short"), (65, "miss")])
+def test_a_request_cancelled_while_queued_reports_short(n, reason):
+    engine, runner = make(lanes=1)
+
+    async def body(e):
+        loop = asyncio.get_running_loop()
+        runner.hooks[0] = lambda: loop.call_soon_threadsafe(e.cancel, "queued")
+        qa = e.submit(req("busy", list(range(4000, 4100)), max_tokens=5))
+        qb = e.submit(req("queued", list(range(6000, 6000 + n))))
+        eb = await drain(qb)
+        await drain(qa)
+        return eb
+
+    eb = run(engine, body)
+    assert eb[-1].finish_reason is FinishReason.CANCELLED and eb[-1].reuse.reason == reason
+    assert not any(it.seq_id == "queued" for p in runner.plans for it in p.items)
+
+
+def test_hybrid_resume_restores_the_image_into_the_live_slot():
+    engine, runner = make(hybrid=True, host_slots=2)
+
+    async def body(e):
+        await drain(e.submit(req("a", PROMPT, publish=128, opener=250)))
+        n = len(runner.plans)
+        await drain(e.submit(req("b", PROMPT[:250] + [7] * 20, max_tokens=1)))
+        return n
+
+    n = run(engine, body)
+    caps = [it.capture for p in runner.plans[:n] for it in p.items if it.capture]
+    assert [(c.kind, c.pos, c.slot_tier, c.src_slot) for c in caps] == [("prefix", 128, "host", 0),
+                                                                        ("checkpoint", 250, "host", 0)]
+    (rs,) = runner.plans[n].restores
+    ck = next(s for s in engine.cache.retained.states() if s.kind == "checkpoint")
+    assert (rs.slot_tier, rs.slot, rs.dst_slot) == ("host", ck.slot, 0)
+    assert engine.cache.slots.free == 4
