@@ -11,12 +11,13 @@ from pathlib import Path
 
 import torch
 
-from ignisd.cache.device_pages import DevicePages
 from ignisd.cache.kv_format import get_kv_format
+from ignisd.cache.kv_store import KVStore
 from ignisd.cache.manager import CacheManager
 from ignisd.cache.page_pool import PagePool
 from ignisd.cache.retained import RetainedStore, Stamp
 from ignisd.cache.state_slots import StateSlots
+from ignisd.cache.state_store import StateStore
 from ignisd.config import Config
 from ignisd.edge import Edge
 from ignisd.engine import Engine
@@ -86,10 +87,11 @@ def choose_kv_format(cfg: Config, spec) -> str:
 def plan_pool_pages(cfg: Config, spec, fmt: str, context: int) -> int:
     """KV pool pages from vram.kv_pool_bytes (bytes, or tokens with `tok`), else lanes × context tokens capped at
     half of MemAvailable. Raises StartupError when the budget holds less than one page."""
-    page_bytes = spec.kv_bytes_per_token(fmt) * PAGE_TOKENS
+    token_bytes = get_kv_format(fmt).bytes_per_token(spec)
+    page_bytes = token_bytes * PAGE_TOKENS
     size = cfg.vram.kv_pool_bytes
     if size is None:
-        want = cfg.server.lanes * context * spec.kv_bytes_per_token(fmt)
+        want = cfg.server.lanes * context * token_bytes
         budget = min(want, _mem_available_bytes() // 2)
         pages = budget // page_bytes
     elif size.tokens is not None:
@@ -139,13 +141,14 @@ class Daemon:
             context = cfg.model.context_tokens
         self.context = context
         pages = plan_pool_pages(cfg, spec, self.kv_format, context)
-        self.kv = DevicePages(spec, pages, self.kv_format, page_tokens=PAGE_TOKENS)
+        fmt = get_kv_format(self.kv_format)
+        self.kv = KVStore(fmt, spec, pages, page_tokens=PAGE_TOKENS)
+        state_buffers = spec.state_buffers() + fmt.seq_state_buffers(spec)
         self.metrics = Metrics()
         pool = PagePool(pages, PAGE_TOKENS)
         self.states, slots, state_bytes = None, None, 0
         if spec.is_hybrid:  # one live state slot per lane: recurrent + conv state of every GDN layer
-            from ignisd.cache.device_states import DeviceStates
-            self.states = DeviceStates(spec, cfg.server.lanes)
+            self.states = StateStore(state_buffers, cfg.server.lanes)
             slots = StateSlots(cfg.server.lanes)
             state_bytes = self.states.slot_bytes
         retained, retained_states, retained_bytes = None, {}, 0
@@ -154,8 +157,8 @@ class Daemon:
             dev_n = rc.device_slots if spec.is_hybrid else 0
             host_n = rc.host_slots_per_lane * cfg.server.lanes if spec.is_hybrid else 0
             if spec.is_hybrid:
-                from ignisd.cache.device_states import DeviceStates
-                retained_states = {"device": DeviceStates(spec, dev_n), "host": DeviceStates(spec, host_n)}
+                retained_states = {"device": StateStore(state_buffers, dev_n),
+                                   "host": StateStore(state_buffers, host_n)}
                 retained_bytes = sum(st.nbytes for st in retained_states.values())
             retained = RetainedStore(Stamp(spec.structural_hash(), self.kv_format), page_tokens=PAGE_TOKENS,
                                      device_slots=StateSlots(dev_n), host_slots=StateSlots(host_n),

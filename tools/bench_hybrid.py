@@ -7,7 +7,7 @@ Builds (once, in DIR or a temporary directory) a random-weight hybrid checkpoint
 hidden 1,024, 8 layers (6 GDN + 2 gated attention), attention 8 heads x 128 (2 KV heads), GDN Hk 4 / Hv 8 heads of
 128, SwiGLU 3,072 (qwen3_5) or 8 experts top-2 + a shared expert (qwen3_next). Then, fp32 on the CPU:
 
-- prefill tokens/s of one sequence of 512 and of 2,048 tokens fed in chunks of 256 (ignis: Model.forward per chunk,
+- prefill tokens/s of one sequence of 512 and of 2,048 tokens fed in chunks of 256 (ignis: Decoder.forward per chunk,
   fp32 KV pages + a state slot; transformers: model(chunk, cache=..., logits_to_keep=1) per chunk);
 - decode tokens/s for 1 and 8 lanes (each lane prefilled with 128 tokens first, then --decode-steps steps of one
   token per lane in one batched forward; transformers: a batch of equal-length rows with its cache).
@@ -57,15 +57,16 @@ class Ours:
     """ignis's model with a KV pool and state slots big enough for the bench."""
 
     def __init__(self, path: Path, lanes: int, tokens: int):
-        from ignisd.cache.device_pages import DevicePages
-        from ignisd.cache.device_states import DeviceStates
+        from ignisd.cache.kv_format import get_kv_format
+        from ignisd.cache.kv_store import KVStore
+        from ignisd.cache.state_store import StateStore
         from ignisd.model.loader import load_model
 
         self.lm = load_model(path)
         self.pt = 64
         self.pages_per_lane = -(-tokens // self.pt)
-        self.kv = DevicePages(self.lm.spec, lanes * self.pages_per_lane, "fp32", page_tokens=self.pt)
-        self.states = DeviceStates(self.lm.spec, lanes)
+        self.kv = KVStore(get_kv_format("fp32"), self.lm.spec, lanes * self.pages_per_lane, page_tokens=self.pt)
+        self.states = StateStore(self.lm.spec.state_buffers(), lanes)
 
     def pages(self, lane: int) -> list[int]:
         return list(range(lane * self.pages_per_lane, (lane + 1) * self.pages_per_lane))
@@ -154,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in (512, 2048):          # ours and theirs alternate, best of --repeat each (the box may be shared)
         a = b = float("inf")
         for _ in range(args.repeat):
-            a = min(a, _best(lambda: ours.prefill(ids[:n], 256), 1))
-            b = min(b, _best(lambda: theirs.prefill(ids[:n], 256), 1))
+            a = min(a, _best(lambda n=n: ours.prefill(ids[:n], 256), 1))
+            b = min(b, _best(lambda n=n: theirs.prefill(ids[:n], 256), 1))
         rows.append((f"prefill {n} tok (chunks of 256)", n / a, n / b))
     for lanes in (1, 8):
         prompts = [ids[128 * i:128 * (i + 1)] for i in range(lanes)]

@@ -7,9 +7,15 @@ Slot of position p of a sequence = page_ids[p // page_tokens] * page_tokens + p 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from ignis_kernels.attention import PagedKV
+    from ignisd.model.attention import AttentionPlan
+    from ignisd.model.gdn import GDNPlan, SlotStates
 
 LOGITS_MODES = ("last", "all", "none")
 
@@ -22,8 +28,8 @@ class SeqChunk:
     start: tokens of this sequence already in the KV cache (= position of token_ids[0]).
     page_ids: KV pool pages of the sequence covering positions [0, start + len(token_ids)) (more is allowed).
     logits: "last" (logits of the last new token) | "all" (every new token, for prompt_logprobs) | "none".
-    state_slot: the sequence's live state slot (row of DeviceStates) on a hybrid model, whose GDN layers read the
-        recurrent + conv state there and write the state after this chunk back; None on an all-attention model.
+    state_slot: the sequence's live state slot (a slot of the state store) on a hybrid model, whose GDN layers read
+        the recurrent + conv state there and write the state after this chunk back; None on an all-attention model.
         The forward never zeroes a slot: the caller zeroes it before a sequence's first chunk (start == 0).
     """
 
@@ -36,7 +42,7 @@ class SeqChunk:
 
 @dataclass
 class ForwardBatch:
-    """Flattened inputs of Model.forward.
+    """Flattened inputs of Decoder.forward.
 
     input_ids: LongTensor [T] token ids of every chunk, concatenated in chunk order.
     positions: LongTensor [T] absolute position of each token in its sequence.
@@ -168,3 +174,22 @@ def batch_logits(x: torch.Tensor, batch: ForwardBatch, final_norm, lm_head: torc
             rows = F.pad(rows, (0, pad))
         x = x.index_select(0, rows)
     return F.linear(final_norm(x), lm_head)[:n].float()
+
+
+@dataclass
+class ForwardContext:
+    """What every mixer of one forward reads besides its hidden states; built once per forward by the decoder.
+
+    batch: the ForwardBatch. cos, sin: fp32 [T', 1, rotary_dim] rotary tables of the rows' positions (T' >= T rows,
+    padding included). attn: the AttentionPlan. gdn: the GDNPlan, None on a model without GDN layers.
+    kv: the KV store (PagedKV protocol). states: the per-slot state store (GDN layers read its "recurrent" and
+    "conv" buffers), None on a model without GDN layers.
+    """
+
+    batch: ForwardBatch
+    cos: torch.Tensor
+    sin: torch.Tensor
+    attn: "AttentionPlan"
+    gdn: "GDNPlan | None"
+    kv: "PagedKV"
+    states: "SlotStates | None"

@@ -13,24 +13,10 @@ through ignis_kernels.attention (decode tokens of several sequences in one call)
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from ignisd.cache.device_pages import DevicePages
-from ignisd.model.attention import AttentionPlan, paged_attend
-from ignisd.model.batch import ForwardBatch
-from ignisd.model.layers import apply_rope, linear_t
-
-
-def zero_centred_norm_weight(w: torch.Tensor) -> torch.Tensor:
-    """The multiplier of a zero-centred RMSNorm (Qwen3_5RMSNorm / Qwen3NextRMSNorm): 1 + w in fp32 (the norm runs
-    in fp32 whatever the activation dtype). Stored weights are centred on 0 (MODELS.md §2.1)."""
-    return 1.0 + w.float()
-
-
-def rms_norm_1p(x: torch.Tensor, w1p: torch.Tensor, eps: float) -> torch.Tensor:
-    """Zero-centred RMSNorm over the last dim: x / sqrt(mean(x²) + eps) · w1p computed in fp32, cast back to x's
-    dtype. x: [..., D]; w1p: fp32 [D] from zero_centred_norm_weight."""
-    return F.rms_norm(x.float(), (x.shape[-1],), w1p, eps).to(x.dtype)
+from ignisd.model.attention import paged_attend
+from ignisd.model.batch import ForwardContext
+from ignisd.model.layers import apply_rope, linear_t, zero_centred_norm_weight
 
 
 class GatedAttention:
@@ -38,7 +24,8 @@ class GatedAttention:
 
     w_q: [2·H·hd, Hd] (per-head interleaved q / gate rows, the checkpoint layout); w_k, w_v: [Hkv·hd, Hd];
     w_o: [Hd, H·hd]; q_norm, k_norm: [hd] zero-centred weights. num_heads H, num_kv_heads Hkv, head_dim hd,
-    rotary_dim: counts; kv_layer: this layer's row in DevicePages; eps: RMSNorm ε. Scale 1/√hd.
+    rotary_dim: counts; kv_layer: this layer's index among the attention layers (its layer in the KV store);
+    eps: RMSNorm ε. Scale 1/√hd.
     """
 
     def __init__(self, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_o: torch.Tensor,
@@ -62,11 +49,11 @@ class GatedAttention:
         """The resident weight tensors (for weight_bytes)."""
         return [self.w_t, self.w_o_t, self.qk_norm]
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
-                 plan: AttentionPlan, kv: DevicePages) -> torch.Tensor:
-        """x: [T', Hd] normed hidden states (T' >= T = batch.num_tokens; rows past T are padding, output zero);
-        cos, sin: [T', 1, rotary_dim] rotary tables of the positions. Writes this layer's K/V of the T tokens to
-        `kv` at batch.slot_mapping and returns [T', Hd]."""
+    def __call__(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """x: [T', Hd] normed hidden states (T' >= T = ctx.batch.num_tokens; rows past T are padding, output zero);
+        ctx.cos, ctx.sin: [T', 1, rotary_dim] rotary tables of the positions. Writes this layer's K/V of the T
+        tokens to ctx.kv at batch.slot_mapping and returns [T', Hd]."""
+        batch, cos, sin, kv = ctx.batch, ctx.cos, ctx.sin, ctx.kv
         t_all, t = x.shape[0], batch.num_tokens
         qd, kd = self.q_dim, self.kv_dim
         p = linear_t(x, self.w_t)[:t]
@@ -82,7 +69,7 @@ class GatedAttention:
         v = p[:, qd + kd:qd + 2 * kd].reshape(t, self.hkv, self.d)
         gate = p[:, qd + 2 * kd:]
         kv.write(self.kv_layer, batch.slot_mapping, k, v)
-        out = paged_attend(q, kv, self.kv_layer, plan, t_all).reshape(t_all, qd)
+        out = paged_attend(q, kv, self.kv_layer, ctx.attn, t_all).reshape(t_all, qd)
         if t_all == t:
             out = out * torch.sigmoid(gate)
         else:

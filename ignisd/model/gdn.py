@@ -6,7 +6,7 @@
     o = gated delta rule(l2norm(q)·dk^-½, l2norm(k), v, g, β)                 (fp32 state [Hv, dk, dv])
     out = (RMSNorm(o) · w · silu(z)) @ out_projᵀ                              (gated RMSNorm, plain weight w)
 
-The conv and the recurrence go through ignis_kernels.gdn. Each sequence carries its state in a DeviceStates slot:
+The conv and the recurrence go through ignis_kernels.gdn. Each sequence carries its state in a state-store slot:
 a prefill chunk (n > 1 tokens) runs the chunked kernels from the slot's conv + recurrent state and writes the
 final state back; all single-token chunks of a batch run as one batched decode step (the kernels' `slots`
 argument), updating their slots in place. Qwen3-Next's fused in_proj_qkvz / in_proj_ba are converted to this split
@@ -15,13 +15,23 @@ layout at load (ignisd.model.hybrid_weights.split_fused_gdn).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 import ignis_kernels.gdn as kgdn
-from ignisd.model.batch import ForwardBatch
+from ignisd.model.batch import ForwardBatch, ForwardContext
 from ignisd.model.layers import linear_t
+
+
+class SlotStates(Protocol):
+    """What the GDN layers call on the per-slot state store (cache/state_store.py's StateStore is one)."""
+
+    def buffer(self, name: str) -> torch.Tensor:
+        """Buffer `name` of every slot, [num_slots, *shape], the storage itself: "recurrent" fp32
+        [num_slots, n_gdn, Hv, dk, dv] and "conv" [num_slots, n_gdn, conv_dim, K−1] (ModelSpec.state_buffers)."""
+        ...
 
 
 @dataclass
@@ -64,7 +74,8 @@ class GatedDeltaNet:
 
     w_qkv: [conv_dim, H] (channels [q all heads | k all heads | v all heads]); w_z: [Hv·dv, H]; w_b, w_a: [Hv, H];
     conv_w: [conv_dim, 1, K]; dt_bias, a_log: [Hv]; norm_w: [dv] (plain weight, ≈ 1); w_out: [H, Hv·dv].
-    heads: (Hk, Hv, dk, dv). gdn_layer: this layer's index among the GDN layers (DeviceStates row). eps: RMSNorm ε.
+    heads: (Hk, Hv, dk, dv). gdn_layer: this layer's index among the GDN layers (second dim of the state buffers).
+    eps: RMSNorm ε.
     Projections are stored fused and transposed (see layers.linear_t).
     """
 
@@ -95,17 +106,18 @@ class GatedDeltaNet:
         v = y[..., 2 * kd:].reshape(*lead, self.hv, self.dv)
         return q, k, v
 
-    def __call__(self, x: torch.Tensor, batch: ForwardBatch, plan: GDNPlan, states) -> torch.Tensor:
-        """x: [T', H] normed hidden states (T' >= T = batch.num_tokens; rows past T are padding whose output is
-        zero). states: DeviceStates; each sequence's slot (plan) is read and updated. Returns [T', H]."""
-        t_all, t = x.shape[0], batch.num_tokens
+    def __call__(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """x: [T', H] normed hidden states (T' >= T = ctx.batch.num_tokens; rows past T are padding whose output is
+        zero). ctx.states (SlotStates): each sequence's slot (ctx.gdn plan) is read and updated. Returns [T', H]."""
+        plan, states = ctx.gdn, ctx.states
+        t_all, t = x.shape[0], ctx.batch.num_tokens
         c, vd, hv = self.conv_dim, self.value_dim, self.hv
         proj = linear_t(x, self.w_in_t)[:t]
         qkv, z = proj[:, :c], proj[:, c:c + vd]
         b, a = proj[:, c + vd:c + vd + hv], proj[:, c + vd + hv:]
         beta = torch.sigmoid(b)
         g = self.neg_a * F.softplus(a.float() + self.dt_bias)
-        rec, conv = states.layer_views(self.gdn_layer)
+        rec, conv = states.buffer("recurrent")[:, self.gdn_layer], states.buffer("conv")[:, self.gdn_layer]
         core = None if plan.all_decode else torch.empty(t, hv, self.dv, dtype=x.dtype, device=x.device)
         for row, n, slot in plan.prefill:
             xs = qkv[row:row + n].t().unsqueeze(0)                          # [1, C, n]

@@ -1,122 +1,228 @@
-"""Model: the straight-line decoder (embed -> layers -> norm -> lm_head) over a paged KV pool (DESIGN §3).
+"""Decoder: the straight-line model (embed → layers → norm → lm_head) of every family this build runs (DESIGN §3),
+Llama and the Qwen hybrids Qwen3.5 (dense MLP) and Qwen3-Next (MoE) (MODELS.md §2.2):
 
-Only full-attention (llama) layers exist so far; GDN / MoE layers of the hybrids plug into the same loop later.
-Weights are given with Hugging Face LlamaForCausalLM names (model.layers.{i}.self_attn.q_proj.weight, ...);
-the loader produces them from GGUF or safetensors, Q/K rows already in HF rotate-half order.
+    h = embed_tokens[ids]
+    for each layer i:
+        h = h + mixer_i(norm(h))       mixer: Attention (llama) | GatedAttention | GatedDeltaNet (layer_types[i])
+        h = h + mlp_i(norm(h))         mlp: SwiGLU MLP | SparseMoE (i in moe_layers)
+    logits = norm(h) @ lm_headᵀ
+
+norm is plain RMSNorm on llama and the zero-centred x/√(mean(x²)+ε)·(1 + w) on the hybrids (layers.RMSNorm).
+Attention layers keep K/V in the paged KV store (the PagedKV protocol of ignis_kernels.attention); GDN layers keep
+their recurrent + conv state in a state-store slot per sequence (SeqChunk.state_slot; gdn.SlotStates).
+Weights are given with transformers' names (LlamaForCausalLM, Qwen3_5ForCausalLM / Qwen3NextForCausalLM): the loader
+maps GGUF names, un-permutes GGUF Q/K rows, strips Qwen3.5's `model.language_model.` prefix and splits Qwen3-Next's
+fused GDN projections (hybrid_weights.split_fused_gdn) before this class sees them.
 """
 from __future__ import annotations
 
 import torch
 
-from ignisd.cache.device_pages import DevicePages
+from ignis_kernels.attention import PagedKV
 from ignisd.model.attention import Attention, AttentionPlan
-from ignisd.model.batch import ForwardBatch, batch_logits, embed_rows
-from ignisd.model.layers import MLP, Rotary, distinct_bytes, rms_norm, take_weight
+from ignisd.model.batch import ForwardBatch, ForwardContext, batch_logits, embed_rows
+from ignisd.model.gated_attention import GatedAttention
+from ignisd.model.gdn import GatedDeltaNet, GDNPlan, SlotStates
+from ignisd.model.hybrid_weights import expert_tensors
+from ignisd.model.layers import MLP, RMSNorm, Rotary, distinct_bytes, take_weight
+from ignisd.model.moe import SparseMoE
 from ignisd.model.spec import ModelSpec
 
 
 class _Layer:
-    """One decoder layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """One decoder layer: x + mixer(in_norm(x)), then x + mlp(post_norm(x))."""
 
-    def __init__(self, attn: Attention, mlp: MLP, in_norm: torch.Tensor, post_norm: torch.Tensor, eps: float):
-        self.attn, self.mlp, self.in_norm, self.post_norm, self.eps = attn, mlp, in_norm, post_norm, eps
+    def __init__(self, mixer, mlp, in_norm: RMSNorm, post_norm: RMSNorm) -> None:
+        self.mixer, self.mlp, self.in_norm, self.post_norm = mixer, mlp, in_norm, post_norm
 
 
 def _cat(ws: list[torch.Tensor | None]) -> torch.Tensor | None:
     return None if ws[0] is None else torch.cat(ws, dim=0).contiguous()
 
 
-class Model:
-    """The decoder.
+class _Weights:
+    """The checkpoint tensors of one model, taken (popped) by name with their expected shapes."""
+
+    def __init__(self, weights: dict[str, torch.Tensor]) -> None:
+        self.w = weights
+
+    def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return take_weight(self.w, name, shape)
+
+    def maybe(self, name: str, shape: tuple[int, ...], present: bool) -> torch.Tensor | None:
+        return self.take(name, shape) if present else None
+
+
+def _llama_attention(w: _Weights, p: str, s: ModelSpec, kv_layer: int) -> Attention:
+    """Llama self_attn: q, k, v fused into one projection, optional biases."""
+    h, d, ab = s.hidden_size, s.head_dim, s.attention_bias
+    qd, kd = s.num_heads * d, s.num_kv_heads * d
+    a = p + "self_attn."
+    w_qkv = _cat([w.take(a + "q_proj.weight", (qd, h)), w.take(a + "k_proj.weight", (kd, h)),
+                  w.take(a + "v_proj.weight", (kd, h))])
+    b_qkv = _cat([w.maybe(a + "q_proj.bias", (qd,), ab), w.maybe(a + "k_proj.bias", (kd,), ab),
+                  w.maybe(a + "v_proj.bias", (kd,), ab)])
+    return Attention(w_qkv, w.take(a + "o_proj.weight", (h, qd)), s.num_heads, s.num_kv_heads, d, kv_layer, b_qkv,
+                     w.maybe(a + "o_proj.bias", (h,), ab))
+
+
+def _gated_attention(w: _Weights, p: str, s: ModelSpec, kv_layer: int) -> GatedAttention:
+    """A hybrid's gated self_attn (q_proj carries the gate, per-head q/k norms, partial rotary)."""
+    h, d = s.hidden_size, s.head_dim
+    qd, kd = s.num_heads * d, s.num_kv_heads * d
+    a = p + "self_attn."
+    return GatedAttention(
+        w.take(a + "q_proj.weight", (2 * qd, h)), w.take(a + "k_proj.weight", (kd, h)),
+        w.take(a + "v_proj.weight", (kd, h)), w.take(a + "o_proj.weight", (h, qd)),
+        w.take(a + "q_norm.weight", (d,)), w.take(a + "k_norm.weight", (d,)),
+        s.num_heads, s.num_kv_heads, d, s.rotary_dim, kv_layer, s.rms_norm_eps)
+
+
+def _gdn(w: _Weights, p: str, s: ModelSpec, gdn_layer: int) -> GatedDeltaNet:
+    """A hybrid's linear_attn (Gated DeltaNet), projections already split."""
+    h = s.hidden_size
+    hk, hv, dk, dv = s.linear_num_key_heads, s.linear_num_value_heads, s.linear_key_head_dim, s.linear_value_head_dim
+    cd, vd, kk = s.conv_dim, hv * dv, s.linear_conv_kernel_dim
+    a = p + "linear_attn."
+    return GatedDeltaNet(
+        w.take(a + "in_proj_qkv.weight", (cd, h)), w.take(a + "in_proj_z.weight", (vd, h)),
+        w.take(a + "in_proj_b.weight", (hv, h)), w.take(a + "in_proj_a.weight", (hv, h)),
+        w.take(a + "conv1d.weight", (cd, 1, kk)), w.take(a + "dt_bias", (hv,)), w.take(a + "A_log", (hv,)),
+        w.take(a + "norm.weight", (dv,)), w.take(a + "out_proj.weight", (h, vd)), (hk, hv, dk, dv), gdn_layer,
+        s.rms_norm_eps)
+
+
+def _mlp(w: _Weights, p: str, s: ModelSpec) -> MLP:
+    """The dense SwiGLU mlp (gate and up fused), optional biases (llama's mlp_bias)."""
+    h, inter, mb = s.hidden_size, s.intermediate_size, s.mlp_bias
+    m = p + "mlp."
+    w_gu = _cat([w.take(m + "gate_proj.weight", (inter, h)), w.take(m + "up_proj.weight", (inter, h))])
+    b_gu = _cat([w.maybe(m + "gate_proj.bias", (inter,), mb), w.maybe(m + "up_proj.bias", (inter,), mb)])
+    return MLP(w_gu, w.take(m + "down_proj.weight", (h, inter)), b_gu, w.maybe(m + "down_proj.bias", (h,), mb))
+
+
+def _moe(w: _Weights, p: str, s: ModelSpec) -> SparseMoE:
+    """Qwen3-Next's sparse MoE block: router, experts (hybrid_weights.expert_tensors), gated shared expert."""
+    h, e, mi, si = s.hidden_size, s.num_experts, s.moe_intermediate_size, s.shared_expert_intermediate_size
+    m = p + "mlp."
+    gate_up, down = expert_tensors(w.w, m, e)
+    if tuple(gate_up.shape) != (e, 2 * mi, h) or tuple(down.shape) != (e, h, mi):
+        raise ValueError(f"{m}experts: gate_up {tuple(gate_up.shape)} / down {tuple(down.shape)}, "
+                         f"expected {(e, 2 * mi, h)} / {(e, h, mi)}")
+    sh = m + "shared_expert."
+    shared = MLP(torch.cat((w.take(sh + "gate_proj.weight", (si, h)), w.take(sh + "up_proj.weight", (si, h)))),
+                 w.take(sh + "down_proj.weight", (h, si)))
+    return SparseMoE(w.take(m + "gate.weight", (e, h)), gate_up, down, shared,
+                     w.take(m + "shared_expert_gate.weight", (1, h)), s.num_experts_per_tok, s.norm_topk_prob)
+
+
+def _fits(states: SlotStates | None, shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether `states` holds a buffer of each name with that per-slot shape."""
+    if states is None:
+        return False
+    try:
+        return all(tuple(states.buffer(name).shape[1:]) == shape for name, shape in shapes.items())
+    except KeyError:
+        return False
+
+
+class Decoder:
+    """The decoder of every supported family (spec.arch: llama, qwen3_5, qwen3_next).
 
     spec: ModelSpec. weights: dict HF name -> tensor (consumed: entries are popped so fused copies replace them).
-    Required per layer i (prefix `model.layers.{i}.`): input_layernorm.weight, post_attention_layernorm.weight,
-    self_attn.{q,k,v,o}_proj.weight, mlp.{gate,up,down}_proj.weight (+ .bias when spec.attention_bias /
-    spec.mlp_bias); plus model.embed_tokens.weight, model.norm.weight and lm_head.weight unless
-    spec.tie_word_embeddings. Raises KeyError naming a missing tensor, ValueError on a shape mismatch.
-    Computes in the weights' dtype (fp32 on CPU).
+    Required, prefix `model.layers.{i}.`: input_layernorm.weight, post_attention_layernorm.weight, and
+    - llama attention layers: self_attn.{q,k,v,o}_proj.weight (+ .bias when spec.attention_bias); hybrid attention
+      layers: self_attn.{q,k,v,o}_proj.weight, self_attn.{q,k}_norm.weight; GDN layers:
+      linear_attn.{in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj}.weight, linear_attn.conv1d.weight,
+      linear_attn.{dt_bias, A_log}, linear_attn.norm.weight;
+    - dense layers: mlp.{gate,up,down}_proj.weight (+ .bias when spec.mlp_bias); MoE layers (spec.moe_layers):
+      mlp.gate.weight, the experts (hybrid_weights.expert_tensors), mlp.shared_expert.{gate,up,down}_proj.weight,
+      mlp.shared_expert_gate.weight;
+    plus model.embed_tokens.weight, model.norm.weight and lm_head.weight unless spec.tie_word_embeddings.
+    Raises KeyError naming a missing tensor, ValueError on a shape mismatch or attention biases on a hybrid.
+    Computes in the weights' dtype (fp32 on CPU); the delta-rule state is always fp32.
 
-    batch_invariant: when True, every row's logits are bitwise independent of what else is in the batch (on CPU
-    with MKL): a forward of fewer than 12 tokens is padded to a multiple of 4 rows, because MKL's sgemm takes a
-    different (differently rounded) path for 1-3 rows, and for 5-11 rows at some thread counts, while every other
-    row count gives identical rows. Costs ~2x the matmul time of a single-lane decode step; off by default
-    (batched and alone then agree to ~1e-4 in the logits).
+    batch_invariant: when True, a forward of fewer than 12 tokens is padded to a multiple of 4 rows in the matmuls,
+    because MKL's sgemm takes a different (differently rounded) path for 1-3 rows, and for 5-11 rows at some thread
+    counts. On llama every row's logits are then bitwise independent of what else is in the batch (on CPU with MKL),
+    at ~2x the matmul time of a single-lane decode step. Off by default (batched and alone then agree to ~1e-4 in
+    the logits). Bitwise batch independence is NOT established for the hybrids (padding rows go through no conv,
+    recurrence or attention, but MoE experts see a batch-dependent number of rows and prefill row counts differ:
+    batched-vs-alone stays ~2e-6 in the logits with it on), so treat it as a no-op there.
+    Attributes: spec, layers (mixer, mlp, in_norm, post_norm each), embed, norm, lm_head, rotary, device, dtype.
     """
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], batch_invariant: bool = False) -> None:
+        if spec.is_hybrid and spec.attention_bias:
+            raise ValueError("attention biases are not supported for the Qwen hybrids")
         self.spec = spec
         self.batch_invariant = batch_invariant
-        w = weights
-
-        def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-            return take_weight(w, name, shape)
-
-        def maybe(name: str, shape: tuple[int, ...], present: bool) -> torch.Tensor | None:
-            return take(name, shape) if present else None
-
-        s = spec
-        h, d, inter = s.hidden_size, s.head_dim, s.intermediate_size
-        qd, kd = s.num_heads * d, s.num_kv_heads * d
-        self.embed = take("model.embed_tokens.weight", (s.vocab_size, h))
-        self.norm = take("model.norm.weight", (h,))
+        s, w = spec, _Weights(weights)
+        h, eps, zc = s.hidden_size, s.rms_norm_eps, s.is_hybrid
+        self.embed = w.take("model.embed_tokens.weight", (s.vocab_size, h))
+        self.norm = RMSNorm(w.take("model.norm.weight", (h,)), eps, zc)
         if s.tie_word_embeddings:
-            w.pop("lm_head.weight", None)
+            weights.pop("lm_head.weight", None)
             self.lm_head = self.embed
         else:
-            self.lm_head = take("lm_head.weight", (s.vocab_size, h))
+            self.lm_head = w.take("lm_head.weight", (s.vocab_size, h))
+        kv_index, gdn_index, moe = s.attention_layer_index, s.gdn_layer_index, set(s.moe_layers)
         self.layers: list[_Layer] = []
-        kv_index = s.attention_layer_index
-        for i in range(s.num_layers):
+        for i, kind in enumerate(s.layer_types):
             p = f"model.layers.{i}."
-            ab, mb = s.attention_bias, s.mlp_bias
-            w_qkv = _cat([take(p + "self_attn.q_proj.weight", (qd, h)), take(p + "self_attn.k_proj.weight", (kd, h)),
-                          take(p + "self_attn.v_proj.weight", (kd, h))])
-            b_qkv = _cat([maybe(p + "self_attn.q_proj.bias", (qd,), ab), maybe(p + "self_attn.k_proj.bias", (kd,), ab),
-                          maybe(p + "self_attn.v_proj.bias", (kd,), ab)])
-            attn = Attention(w_qkv, take(p + "self_attn.o_proj.weight", (h, qd)), s.num_heads, s.num_kv_heads, d,
-                             kv_index[i], b_qkv, maybe(p + "self_attn.o_proj.bias", (h,), ab))
-            w_gu = _cat([take(p + "mlp.gate_proj.weight", (inter, h)), take(p + "mlp.up_proj.weight", (inter, h))])
-            b_gu = _cat([maybe(p + "mlp.gate_proj.bias", (inter,), mb), maybe(p + "mlp.up_proj.bias", (inter,), mb)])
-            mlp = MLP(w_gu, take(p + "mlp.down_proj.weight", (h, inter)), b_gu,
-                      maybe(p + "mlp.down_proj.bias", (h,), mb))
-            self.layers.append(_Layer(attn, mlp, take(p + "input_layernorm.weight", (h,)),
-                                      take(p + "post_attention_layernorm.weight", (h,)), s.rms_norm_eps))
-        self.rotary = Rotary(spec, device=self.embed.device)
+            if kind == "linear_attention":
+                mixer = _gdn(w, p, s, gdn_index[i])
+            elif s.is_hybrid:
+                mixer = _gated_attention(w, p, s, kv_index[i])
+            else:
+                mixer = _llama_attention(w, p, s, kv_index[i])
+            mlp = _moe(w, p, s) if i in moe else _mlp(w, p, s)
+            self.layers.append(_Layer(mixer, mlp, RMSNorm(w.take(p + "input_layernorm.weight", (h,)), eps, zc),
+                                      RMSNorm(w.take(p + "post_attention_layernorm.weight", (h,)), eps, zc)))
+        self.rotary = Rotary(spec, device=self.embed.device)    # over the rotated dims only (spec.rotary_dim)
+        self._state_shapes = {b.name: b.shape for b in spec.state_buffers()}
         self.device = self.embed.device
         self.dtype = self.embed.dtype
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of all distinct weight tensors (the tied head counted once)."""
-        ts = [self.embed, self.norm, self.lm_head]
+        """Bytes of all distinct weight tensors (the tied head counted once; the hybrids' norm multipliers 1 + w
+        and per-head q/k norms as held)."""
+        ts = [self.embed, self.norm.weight, self.lm_head]
         for layer in self.layers:
-            a, m = layer.attn, layer.mlp
-            ts += [a.w_qkv_t, a.w_o_t, a.b_qkv, a.b_o, m.w_gate_up_t, m.w_down_t, m.b_gate_up, m.b_down,
-                   layer.in_norm, layer.post_norm]
+            ts += [*layer.mixer.tensors, *layer.mlp.tensors, layer.in_norm.weight, layer.post_norm.weight]
         return distinct_bytes(ts)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, kv: DevicePages, states=None) -> torch.Tensor:
-        """Run every token of `batch` through the model, writing its K/V into `kv`.
+    def forward(self, batch: ForwardBatch, kv: PagedKV, states: SlotStates | None = None) -> torch.Tensor:
+        """Run every token of `batch` through the model, writing K/V into `kv` and GDN state into `states`.
 
-        states: unused (an all-attention model keeps no per-sequence state; accepted so every model class takes
-        the same call as qwen_hybrid.HybridModel.forward).
-
-        batch: ForwardBatch (T tokens of one or more sequences, prefill chunks and decode tokens mixed); the slots of
-        batch.slot_mapping must belong to the sequences (the caller's page allocation).
-        kv: DevicePages for this spec (fp32 or bf16 storage; attention upcasts to fp32).
+        batch: ForwardBatch (prefill chunks and decode tokens of several sequences mixed); the slots of
+        batch.slot_mapping must belong to the sequences (the caller's page allocation); on a model with GDN layers
+        each chunk carries its sequence's state_slot, distinct within the batch.
+        kv: the KV store of this model's geometry (PagedKV; fp32 or bf16 dense pages, attention upcasts to fp32).
+        states: the state store (required when the model has GDN layers; its "recurrent" and "conv" buffers as
+        spec.state_buffers() lists them): each sequence's slot holds its state at position `start` on entry (zeros
+        at start 0 — the caller zeroes; forward never does) and at start + n on return. Unused otherwise.
         Returns float32 logits [N, vocab] for the rows batch.logits_index, in chunk order (N may be 0).
+        Raises ValueError for a KV or state store of another model, or a chunk without a state slot.
         """
-        if kv.spec.n_attention_layers != self.spec.n_attention_layers:
-            raise ValueError("DevicePages was built for a different model")
-        plan = AttentionPlan.from_batch(batch)
+        s = self.spec
+        if kv.n_attention_layers != s.n_attention_layers:
+            raise ValueError(f"the KV store holds {kv.n_attention_layers} attention layers, the model has "
+                             f"{s.n_attention_layers}: built for a different model")
+        gplan = None
+        if s.n_gdn_layers:
+            if not _fits(states, self._state_shapes):
+                raise ValueError("a hybrid model's forward needs the state store (StateStore) of this model's "
+                                 "state_buffers()")
+            gplan = GDNPlan.from_batch(batch)
         x, positions = embed_rows(batch, self.embed, self.batch_invariant)
-        max_pos = max(c - 1 for c in batch.context_lens)
-        cos, sin = self.rotary.tables(positions, max_pos)
+        cos, sin = self.rotary.tables(positions, max(c - 1 for c in batch.context_lens))
+        ctx = ForwardContext(batch, cos, sin, AttentionPlan.from_batch(batch), gplan, kv, states)
         for layer in self.layers:
-            x = x + layer.attn(rms_norm(x, layer.in_norm, layer.eps), cos, sin, batch, plan, kv)
-            x = x + layer.mlp(rms_norm(x, layer.post_norm, layer.eps))
-        return batch_logits(x, batch, lambda h: rms_norm(h, self.norm, self.spec.rms_norm_eps), self.lm_head,
-                            self.batch_invariant)
+            x = x + layer.mixer(layer.in_norm(x), ctx)
+            x = x + layer.mlp(layer.post_norm(x))
+        return batch_logits(x, batch, self.norm, self.lm_head, self.batch_invariant)
 
     __call__ = forward

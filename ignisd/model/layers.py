@@ -1,4 +1,5 @@
-"""Building blocks of the llama decoder: RMSNorm, rotary position embedding tables, the SwiGLU MLP.
+"""Building blocks of the decoder: RMSNorm (plain and zero-centred), rotary position embedding tables, the SwiGLU
+MLP, weight bookkeeping.
 
 Conventions follow Hugging Face transformers' LlamaForCausalLM (models/llama/modeling_llama.py): rotate-half
 rotary with cos/sin = cos/sin(cat(freqs, freqs)), freqs = position * inv_freq computed in fp32, and
@@ -55,14 +56,46 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
-    """Inverse rotary frequencies, fp32 [head_dim // 2].
+def zero_centred_norm_weight(w: torch.Tensor) -> torch.Tensor:
+    """The multiplier of a zero-centred RMSNorm (Qwen3_5RMSNorm / Qwen3NextRMSNorm): 1 + w in fp32 (the norm runs
+    in fp32 whatever the activation dtype). Stored weights are centred on 0 (MODELS.md §2.1)."""
+    return 1.0 + w.float()
 
-    Default: 1 / theta^(2i/d) (Su et al. 2021, RoFormer). linear: divided by factor. llama3: transformers'
-    _compute_llama3_parameters (wavelength-dependent division with a smooth interpolation band).
+
+def rms_norm_1p(x: torch.Tensor, w1p: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero-centred RMSNorm over the last dim: x / sqrt(mean(x²) + eps) · w1p computed in fp32, cast back to x's
+    dtype. x: [..., D]; w1p: fp32 [D] from zero_centred_norm_weight."""
+    return F.rms_norm(x.float(), (x.shape[-1],), w1p, eps).to(x.dtype)
+
+
+class RMSNorm:
+    """One RMSNorm over the last dim, in a family's style.
+
+    weight: [H] as stored in the checkpoint. zero_centred: False (llama): weight · x / sqrt(mean(x²) + eps) in x's
+    dtype (rms_norm); True (the Qwen hybrids): the stored weight is centred on 0 and the multiplier is 1 + w, in fp32
+    (rms_norm_1p). Attribute weight: the multiplier applied (the stored tensor, or 1 + w in fp32).
+    """
+
+    def __init__(self, weight: torch.Tensor, eps: float, zero_centred: bool = False) -> None:
+        self.weight = zero_centred_norm_weight(weight) if zero_centred else weight
+        self.eps, self.zero_centred = eps, zero_centred
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., H] -> same shape and dtype."""
+        if self.zero_centred:
+            return rms_norm_1p(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
+    """Inverse rotary frequencies over the rotated dims, fp32 [rotary_dim // 2] (rotary_dim = head_dim, except on
+    the Qwen hybrids' partial rotary: transformers' inv_freq = θ^(−2i/rotary_dim)).
+
+    Default: 1 / theta^(2i/d), d = rotary_dim (Su et al. 2021, RoFormer). linear: divided by factor. llama3:
+    transformers' _compute_llama3_parameters (wavelength-dependent division with a smooth interpolation band).
     Raises ValueError for another rope_type.
     """
-    d = spec.head_dim
+    d = spec.rotary_dim
     inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     sc = spec.rope_scaling
     if sc is None:
@@ -84,17 +117,17 @@ def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
 
 
 class Rotary:
-    """Precomputed rotary cos/sin tables, fp32 [n_positions, head_dim], grown (doubling) on demand.
+    """Precomputed rotary cos/sin tables, fp32 [n_positions, rotary_dim], grown (doubling) on demand.
 
-    spec: the model (head_dim, rope_theta, rope_scaling). initial: positions computed up front
+    spec: the model (rotary_dim, rope_theta, rope_scaling). initial: positions computed up front
     (min(spec.context_tokens, 8192) by default).
     """
 
     def __init__(self, spec: ModelSpec, device: torch.device | str = "cpu", initial: int | None = None) -> None:
         self.inv_freq = rope_inv_freq(spec).to(device)
         self.device = torch.device(device)
-        self.cos = torch.empty(0, spec.head_dim, device=device)
-        self.sin = torch.empty(0, spec.head_dim, device=device)
+        self.cos = torch.empty(0, spec.rotary_dim, device=device)
+        self.sin = torch.empty(0, spec.rotary_dim, device=device)
         self._grow(initial or min(spec.context_tokens, 8192))
 
     def _grow(self, n: int) -> None:
@@ -104,7 +137,7 @@ class Rotary:
         self.cos, self.sin = emb.cos(), emb.sin()
 
     def tables(self, positions: torch.Tensor, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for `positions` (LongTensor [T]), each fp32 [T, 1, head_dim] (broadcast over heads).
+        """cos, sin for `positions` (LongTensor [T]), each fp32 [T, 1, rotary_dim] (broadcast over heads).
 
         max_position: the largest value in positions (the caller knows it; avoids a device sync).
         """
@@ -138,6 +171,11 @@ class MLP:
         self.w_gate_up_t, self.w_down_t = w_gate_up.t().contiguous(), w_down.t().contiguous()
         self.b_gate_up, self.b_down = b_gate_up, b_down
         self.inter = w_down.shape[1]
+
+    @property
+    def tensors(self) -> list[torch.Tensor | None]:
+        """The resident weight tensors (for weight_bytes; None for an absent bias)."""
+        return [self.w_gate_up_t, self.w_down_t, self.b_gate_up, self.b_down]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""

@@ -17,9 +17,8 @@ import numpy as np
 import torch
 
 from ignisd.log import get_logger
-from ignisd.model.hybrid import Model
+from ignisd.model.hybrid import Decoder
 from ignisd.model.hybrid_weights import hf_weight_name, skipped_group, split_fused_gdn
-from ignisd.model.qwen_hybrid import HybridModel
 from ignisd.model.spec import ModelSpec
 
 log = get_logger("model")
@@ -42,14 +41,14 @@ _GGUF_BLOCK = {
 class LoadedModel:
     """A model ready to run.
 
-    spec: ModelSpec. model: Model (llama) or HybridModel (Qwen hybrids; see build_model). source: the GGUF file or
-    HF directory loaded. kind: "gguf" | "hf".
+    spec: ModelSpec. model: the Decoder (every family). source: the GGUF file or HF directory loaded.
+    kind: "gguf" | "hf".
     weight_bytes: bytes of the resident weights (after dequantisation).
     gguf_reader: the open gguf.GGUFReader of a GGUF source (None for "hf"), so the tokenizer reads the same parse.
     """
 
     spec: ModelSpec
-    model: Model | HybridModel
+    model: Decoder
     source: Path
     kind: str
     weight_bytes: int
@@ -77,7 +76,7 @@ def load_model(path: str | Path | None = None, dtype: torch.dtype = torch.float3
 
     path: a .gguf file, a directory holding config.json (+ model.safetensors or model.safetensors.index.json), or a
     directory holding exactly one .gguf file. dtype: weight/compute dtype (fp32 on CPU).
-    batch_invariant: see Model (bitwise batch-independent rows at ~2x single-lane matmul cost; settable later as
+    batch_invariant: see Decoder (bitwise batch-independent rows at ~2x single-lane matmul cost; settable later as
     loaded.model.batch_invariant).
     Raises FileNotFoundError (nothing loadable at path), ValueError (unsupported architecture / tensor type),
     KeyError (a required tensor is missing).
@@ -101,17 +100,9 @@ def load_model(path: str | Path | None = None, dtype: torch.dtype = torch.float3
     else:
         raise FileNotFoundError(f"model path {p} does not exist")
     weights = {k: v.to(dtype) for k, v in weights.items()}
-    model = build_model(spec, weights, batch_invariant=batch_invariant)
+    model = Decoder(spec, weights, batch_invariant=batch_invariant)
     return LoadedModel(spec=spec, model=model, source=p, kind=kind, weight_bytes=model.weight_bytes,
                        gguf_reader=reader)
-
-
-def build_model(spec: ModelSpec, weights: dict[str, torch.Tensor], batch_invariant: bool = False):
-    """The model class for `spec`: hybrid.Model for llama, qwen_hybrid.HybridModel for the Qwen hybrids. Both
-    take `forward(batch, kv, states=None)`. weights are consumed as the class documents."""
-    if spec.is_hybrid:
-        return HybridModel(spec, weights, batch_invariant=batch_invariant)
-    return Model(spec, weights, batch_invariant=batch_invariant)
 
 
 def _gguf_name(name: str) -> str | None:

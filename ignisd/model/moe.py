@@ -15,11 +15,6 @@ import torch.nn.functional as F
 from ignisd.model.layers import MLP, linear_t
 
 
-def module_tensors(obj) -> list[torch.Tensor]:
-    """The tensors an object holds as attributes (the weights of a layers.MLP, whatever its storage layout)."""
-    return [v for v in vars(obj).values() if isinstance(v, torch.Tensor)]
-
-
 class SparseMoE:
     """One MoE block.
 
@@ -41,7 +36,7 @@ class SparseMoE:
     @property
     def tensors(self) -> list[torch.Tensor]:
         """The resident weight tensors (for weight_bytes)."""
-        return [self.w_route_t, self.gate_up_t, self.down_t, *module_tensors(self.shared)]
+        return [self.w_route_t, self.gate_up_t, self.down_t, *self.shared.tensors]
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [T, H] -> (weights [T, k] in x's dtype, expert ids LongTensor [T, k], shared-gate logits [T, 1])."""

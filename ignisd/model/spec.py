@@ -1,7 +1,16 @@
 """ModelSpec: the architecture numbers of one model, from an HF config.json or GGUF metadata. †: imports no torch.
 
-The spec is what the control plane (scheduler, cache manager, tiers) knows about the model: sizes, layer types,
-KV bytes per token and a structural hash used in retained-state stamps (DESIGN §4.4).
+The spec is what the control plane (scheduler, cache manager, tiers) knows about the model: sizes, layer types, the
+per-sequence state buffers and a structural hash used in retained-state stamps (DESIGN §4.4). A ModelSpec has the
+attributes of a KV geometry (n_attention_layers, num_kv_heads, head_dim) and is passed as one to cache.kv_format.
+
+HF configs (transformers 5.24's LlamaConfig, Qwen3_5TextConfig / Qwen3NextConfig; MODELS.md §3): Qwen3.5's
+multimodal config (`Qwen3_5ForConditionalGeneration`) nests the text model under `text_config`, its top level adding
+eos ids (248046 there, 248044 in the text config); the others are flat. Hybrid layer_types come from the config or
+from `full_attention_interval` (default 4: layer i is "linear_attention" iff (i+1) % interval). rope: transformers
+5's `rope_parameters` or the legacy top-level `rope_theta` / `rope_scaling` / `partial_rotary_factor` (hybrid
+default 0.25); M-RoPE is ignored (for text-only input it equals plain partial RoPE, MODELS.md §2.4). MoE
+(qwen3_next): layer i is sparse iff num_experts > 0, i not in mlp_only_layers and (i+1) % decoder_sparse_step == 0.
 """
 from __future__ import annotations
 
@@ -10,19 +19,24 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ignisd.cache.kv_format import get_kv_format
+from ignisd.buffers import BufferSpec
 
 # Architectures this build can run: llama (all full attention) and the Qwen hybrids (Gated DeltaNet + gated full
 # attention, MODELS.md §2): qwen3_5 (dense MLP) and qwen3_next (MoE).
 SUPPORTED_ARCHS = ("llama", "qwen3_5", "qwen3_next")
 HYBRID_ARCHS = ("qwen3_5", "qwen3_next")
 LAYER_TYPES = ("full_attention", "linear_attention")
-# HF `architectures` / `model_type` values accepted as llama.
+KV_FORMAT_ACT_BYTES = {"fp32": 4, "bf16": 2}
+"""The KV formats state_bytes accepts (the names of cache.kv_format.KV_FORMATS; a test keeps them equal) and the
+activation element size that goes with each."""
+# HF `architectures` / `model_type` values accepted as llama, and those of the hybrids.
 _HF_LLAMA_ARCHS = {"LlamaForCausalLM"}
-# HF `architectures` / `model_type` values of the hybrids -> arch.
-_HF_HYBRID_ARCHS = {"Qwen3_5ForConditionalGeneration": "qwen3_5", "Qwen3_5ForCausalLM": "qwen3_5",
-                    "Qwen3NextForCausalLM": "qwen3_next"}
-_HF_HYBRID_TYPES = {"qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5", "qwen3_next": "qwen3_next"}
+_HF_HYBRID_ARCHS = {"Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3NextForCausalLM"}
+_HF_HYBRID_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_next"}
+# the GDN shape keys of a hybrid config and transformers' defaults; rope_parameters keys that are not scaling ones
+_HF_LINEAR_DEFAULTS = {"linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+                       "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
+_ROPE_NON_SCALING = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
 
 def _index_among(layer_types: tuple[str, ...], kind: str) -> tuple[int | None, ...]:
@@ -115,7 +129,8 @@ class ModelSpec:
                              f"dimension for head_dim {self.head_dim}")
         if any(not 0 <= i < self.num_layers for i in self.moe_layers):
             raise ValueError(f"moe_layers {self.moe_layers} out of range for {self.num_layers} layers")
-        if self.moe_layers and not (0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0):
+        moe_ok = 0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0
+        if self.moe_layers and not moe_ok:
             raise ValueError(f"MoE layers need 0 < num_experts_per_tok ({self.num_experts_per_tok}) <= num_experts "
                              f"({self.num_experts}) and moe_intermediate_size > 0")
 
@@ -130,7 +145,7 @@ class ModelSpec:
 
     @property
     def attention_layer_index(self) -> tuple[int | None, ...]:
-        """Per layer: its index among the full-attention layers (row of DevicePages.k), or None."""
+        """Per layer: its index among the full-attention layers (the layer index of the KV store), or None."""
         return _index_among(self.layer_types, "full_attention")
 
     @property
@@ -145,7 +160,7 @@ class ModelSpec:
 
     @property
     def gdn_layer_index(self) -> tuple[int | None, ...]:
-        """Per layer: its index among the GDN layers (row of DeviceStates' per-slot tensors), or None."""
+        """Per layer: its index among the GDN layers (index into the state buffers' second dim), or None."""
         return _index_among(self.layer_types, "linear_attention")
 
     @property
@@ -171,25 +186,32 @@ class ModelSpec:
         needs; transformers keeps K)."""
         return self.n_gdn_layers * self.conv_dim * max(self.linear_conv_kernel_dim - 1, 0) * act_bytes
 
+    def state_buffers(self, act_dtype: str = "float32") -> list[BufferSpec]:
+        """The buffers of one live state slot the model needs (DESIGN §4.2), for cache.state_store.StateStore:
+        [BufferSpec("recurrent", (n_gdn, Hv, dk, dv), "float32"), BufferSpec("conv", (n_gdn, conv_dim, K−1),
+        act_dtype)] on a hybrid (the delta-rule state is always fp32; the conv history is kept in the activation
+        dtype, act_dtype a torch dtype name: fp32 on the CPU, bf16 on CUDA); [] on an all-attention model.
+        Raises ValueError for an unknown act_dtype."""
+        n = self.n_gdn_layers
+        if not n:
+            return []
+        hv, dk, dv = self.linear_num_value_heads, self.linear_key_head_dim, self.linear_value_head_dim
+        return [BufferSpec("recurrent", (n, hv, dk, dv), "float32"),
+                BufferSpec("conv", (n, self.conv_dim, max(self.linear_conv_kernel_dim - 1, 0)), act_dtype)]
+
     def state_bytes(self, kv_format: str, act_bytes: int | None = None) -> int:
-        """Bytes of one live state slot (DESIGN §4.2): recurrent_state_bytes + conv_state_bytes(act_bytes).
+        """Bytes of the model's part of one live state slot (DESIGN §4.2): recurrent_state_bytes +
+        conv_state_bytes(act_bytes) (= total_bytes(state_buffers()) at that activation size).
 
-        act_bytes: bytes of an activation element the conv history is kept in; default the KV format's element
-        size (fp32 KV goes with fp32 activations on the CPU, bf16 with bf16 on CUDA). The hq-e8-2b exact window
-        is added here when that format exists. 0 on an all-attention model. Raises ValueError for an unknown
-        format.
+        act_bytes: bytes of an activation element the conv history is kept in; default the element size that goes
+        with the KV format (fp32 KV with fp32 activations on the CPU: 4; bf16 with bf16 on CUDA: 2). A format's own
+        per-sequence state (hq-e8-2b's exact window) is listed by the format (KVFormat.seq_state_buffers), not here.
+        0 on an all-attention model. Raises ValueError for a format other than KV_FORMAT_ACT_BYTES' names.
         """
-        fmt = get_kv_format(kv_format)
-        return self.recurrent_state_bytes + self.conv_state_bytes(fmt.elem_bytes if act_bytes is None else act_bytes)
-
-    def kv_bytes_per_token(self, kv_format: str) -> int:
-        """Bytes of K and V one token occupies across all attention layers under `kv_format`.
-
-        = 2 (K and V) * n_attention_layers * num_kv_heads * head_dim * elem_bytes (fp32: 4, bf16: 2).
-        Raises ValueError for an unknown format.
-        """
-        fmt = get_kv_format(kv_format)
-        return 2 * self.n_attention_layers * self.num_kv_heads * self.head_dim * fmt.elem_bytes
+        if kv_format not in KV_FORMAT_ACT_BYTES:
+            raise ValueError(f"kv_format {kv_format!r} is not supported; allowed: {', '.join(KV_FORMAT_ACT_BYTES)}")
+        act = KV_FORMAT_ACT_BYTES[kv_format] if act_bytes is None else act_bytes
+        return self.recurrent_state_bytes + self.conv_state_bytes(act)
 
     def structural_hash(self) -> str:
         """SHA-256 hex digest of the architecture fields (everything but name and bos/eos ids).
@@ -219,42 +241,54 @@ class ModelSpec:
     # ------------------------------------------------------------------ constructors
     @classmethod
     def from_hf_config(cls, config: dict, name: str) -> "ModelSpec":
-        """Build from a parsed HF config.json (dict). Accepts transformers 4 (`rope_theta`, `rope_scaling`) and 5
-        (`rope_parameters`) spellings; the Qwen hybrids go through spec_hybrid.hybrid_spec_from_hf_config. Raises ValueError for
-        an unsupported architecture or rope type."""
-        archs = set(config.get("architectures") or [])
-        model_type = config.get("model_type")
-        if archs & set(_HF_HYBRID_ARCHS) or (not archs & _HF_LLAMA_ARCHS and model_type in _HF_HYBRID_TYPES):
-            from ignisd.model.spec_hybrid import hybrid_spec_from_hf_config
-            return hybrid_spec_from_hf_config(cls, config, name)
-        if not (archs & _HF_LLAMA_ARCHS or (not archs and model_type == "llama")):
-            raise ValueError(f"HF model {sorted(archs) or model_type!r} is not supported; supported: LlamaForCausalLM, "
-                             f"{', '.join(sorted(_HF_HYBRID_ARCHS))}")
-        heads = int(config["num_attention_heads"])
-        hidden = int(config["hidden_size"])
-        head_dim = int(config.get("head_dim") or hidden // heads)
-        rope = config.get("rope_parameters") or {}
-        legacy = config.get("rope_scaling") or {}
-        theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
-        params = {**legacy, **{k: v for k, v in rope.items() if k != "rope_theta"}}
-        if "type" in params and "rope_type" not in params:
-            params["rope_type"] = params.pop("type")
-        params.pop("type", None)
-        scaling = _normalise_rope_scaling(params)
-        eos = config.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        n_layers = int(config["num_hidden_layers"])
+        """Build from a parsed HF config.json (dict) of LlamaForCausalLM or a Qwen hybrid (see the module docstring).
+        Accepts transformers 4 (`rope_theta`, `rope_scaling`) and 5 (`rope_parameters`) spellings. Raises ValueError
+        for an unsupported architecture or rope type, or inconsistent sizes (ModelSpec's own checks)."""
+        arch = _hf_arch(config)
+        hybrid = arch in HYBRID_ARCHS
+        text = config.get("text_config")
+        cfg = text if hybrid and isinstance(text, dict) else config
+        n_layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        rope = dict(cfg.get("rope_parameters") or {})
+        theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        params = {**(cfg.get("rope_scaling") or {}), **{k: v for k, v in rope.items() if k not in _ROPE_NON_SCALING}}
+        eos: list[int] = []
+        for src in (config, cfg):     # top level first (Qwen3.5: <|im_end|> 248046), then the text config's
+            eos += [e for e in _ids(src.get("eos_token_id")) if e not in eos]
+        common = dict(
+            name=name, arch=arch, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden, num_layers=n_layers,
+            num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta, rope_scaling=_normalise_rope_scaling(params),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
+            bos_token_id=cfg.get("bos_token_id", config.get("bos_token_id")), eos_token_ids=tuple(eos),
+            attention_bias=bool(cfg.get("attention_bias", False)))
+        if not hybrid:
+            return cls(**common, intermediate_size=int(cfg["intermediate_size"]),
+                       context_tokens=int(cfg.get("max_position_embeddings", 2048)),
+                       layer_types=("full_attention",) * n_layers, mlp_bias=bool(cfg.get("mlp_bias", False)))
+        num_experts = int(cfg.get("num_experts") or 0) if arch == "qwen3_next" else 0
+        moe_layers: tuple[int, ...] = ()
+        if num_experts > 0:
+            step = int(cfg.get("decoder_sparse_step") or 1)
+            dense_only = set(cfg.get("mlp_only_layers") or [])
+            moe_layers = tuple(i for i in range(n_layers) if i not in dense_only and (i + 1) % step == 0)
+
+        def moe(key: str) -> int:
+            return int(cfg.get(key) or 0) if num_experts else 0
+
         return cls(
-            name=name, arch="llama", vocab_size=int(config["vocab_size"]), hidden_size=hidden,
-            intermediate_size=int(config["intermediate_size"]), num_layers=n_layers, num_heads=heads,
-            num_kv_heads=int(config.get("num_key_value_heads") or heads), head_dim=head_dim,
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
-            context_tokens=int(config.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            bos_token_id=config.get("bos_token_id"), eos_token_ids=eos_ids,
-            layer_types=("full_attention",) * n_layers,
-            attention_bias=bool(config.get("attention_bias", False)), mlp_bias=bool(config.get("mlp_bias", False)),
-        )
+            **common, intermediate_size=int(cfg.get("intermediate_size") or 0),
+            context_tokens=int(cfg.get("max_position_embeddings", 32768)),
+            layer_types=_hybrid_layer_types(cfg, n_layers),
+            partial_rotary_factor=float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))),
+            **{k: int(cfg.get(k, default)) for k, default in _HF_LINEAR_DEFAULTS.items()},
+            num_experts=num_experts, num_experts_per_tok=moe("num_experts_per_tok"),
+            moe_intermediate_size=moe("moe_intermediate_size"),
+            shared_expert_intermediate_size=moe("shared_expert_intermediate_size"),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)) if num_experts else False, moe_layers=moe_layers)
 
     @classmethod
     def from_gguf_metadata(cls, reader: Any, name: str) -> "ModelSpec":
@@ -308,11 +342,9 @@ class ModelSpec:
 
 
 def _normalise_rope_scaling(params: dict) -> dict | None:
-    """HF rope parameters (without rope_theta) -> None for plain RoPE, else a dict with rope_type.
-
-    Raises ValueError for rope types other than default / linear / llama3.
-    """
-    rope_type = params.get("rope_type", "default")
+    """HF rope parameters (without rope_theta; the type as `rope_type` or transformers 4's `type`) -> None for plain
+    RoPE, else a dict with rope_type. Raises ValueError for rope types other than default / linear / llama3."""
+    rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type == "default":
         return None
     if rope_type == "linear":
@@ -324,3 +356,42 @@ def _normalise_rope_scaling(params: dict) -> dict | None:
             "original_max_position_embeddings": int(params["original_max_position_embeddings"]),
         }
     raise ValueError(f"rope type {rope_type!r} is not supported; supported: default, linear, llama3")
+
+
+def _hf_arch(config: dict) -> str:
+    """The arch of an HF config: "llama", "qwen3_5" or "qwen3_next". Raises ValueError for anything else."""
+    archs = set(config.get("architectures") or [])
+    model_type = config.get("model_type")
+    if archs & _HF_HYBRID_ARCHS or (not archs & _HF_LLAMA_ARCHS and model_type in _HF_HYBRID_TYPES):
+        text = config.get("text_config")
+        kind = (text.get("model_type") if isinstance(text, dict) else None) or model_type
+        return "qwen3_next" if "Qwen3NextForCausalLM" in archs or kind == "qwen3_next" else "qwen3_5"
+    if archs & _HF_LLAMA_ARCHS or (not archs and model_type == "llama"):
+        return "llama"
+    raise ValueError(f"HF model {sorted(archs) or model_type!r} is not supported; supported: LlamaForCausalLM, "
+                     f"{', '.join(sorted(_HF_HYBRID_ARCHS))}")
+
+
+def _ids(v: Any) -> list[int]:
+    """Token ids of a config value: an int, a list of ints (other entries dropped), else []."""
+    if isinstance(v, bool) or v is None:
+        return []
+    if isinstance(v, int):
+        return [v]
+    if isinstance(v, list):
+        return [int(x) for x in v if isinstance(x, int) and not isinstance(x, bool)]
+    return []
+
+
+def _hybrid_layer_types(cfg: dict, n_layers: int) -> tuple[str, ...]:
+    """layer_types of a hybrid text config: the config's list, else from full_attention_interval (default 4).
+    Raises ValueError when the list's length differs from n_layers or the interval is < 1."""
+    lt = cfg.get("layer_types")
+    if lt:
+        if len(lt) != n_layers:
+            raise ValueError(f"layer_types has {len(lt)} entries for num_hidden_layers {n_layers}")
+        return tuple(str(t) for t in lt)
+    interval = int(cfg.get("full_attention_interval") or 4)
+    if interval < 1:
+        raise ValueError(f"full_attention_interval {interval} < 1")
+    return tuple("linear_attention" if (i + 1) % interval else "full_attention" for i in range(n_layers))

@@ -1,7 +1,7 @@
 """Pure-torch paged attention: the specification and the CPU path of ignis_kernels.attention.
 
-Keys/values live in pages [P, page_tokens, Hkv, d] (a view of DevicePages.k[layer]; slot = page * page_tokens +
-offset); a sequence's context is its page table (pages in position order). Queries at positions
+Keys/values live in pages [P, page_tokens, Hkv, d] (the "k" and "v" buffers of a dense PagedView; slot =
+page * page_tokens + offset); a sequence's context is its page table (pages in position order). Queries at positions
 start .. start+n-1 attend causally over context positions 0 .. start+n-1 (query i sees keys j <= start + i).
 GQA: query head h uses kv head h // (Hq // Hkv) (HF's repeat_kv / SDPA enable_gqa convention).
 Scores are softmax(q k^T * scale) with scale = 1/sqrt(d) by default (Vaswani et al. 2017); computed in q's dtype

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ignis_kernels.attention as kattn
-from ignis_kernels.attention import reference
+from ignis_kernels.attention import PagedView, reference
 
 torch.set_num_threads(1)
 
@@ -43,6 +43,11 @@ def paged_setup(ctx, hkv, d, pt, n_pool, dtype, seed):
     return k.to(dtype).float(), v.to(dtype).float(), kp, vp, table
 
 
+def dense(kp: torch.Tensor, vp: torch.Tensor) -> PagedView:
+    """A dense view of k/v pages [P, page_tokens, Hkv, d]."""
+    return PagedView("dense", {"k": kp, "v": vp}, kp.shape[1])
+
+
 def rel_err(got, ref):
     return ((got.double() - ref).abs().max() / ref.abs().max()).item()
 
@@ -68,7 +73,7 @@ def test_paged_attention_matches_dense(case, dtype, split, monkeypatch):
     ctx = start + n
     k, v, kp, vp, table = paged_setup(ctx, hkv, d, pt, n_pool=-(-ctx // pt) + 5, dtype=dtype, seed=hash(case) % 1000)
     q = torch.randn(n, hq, d, generator=torch.Generator().manual_seed(1))
-    got = kattn.paged_attention(q, kp, vp, table, start)
+    got = kattn.paged_attention(q, dense(kp, vp), table, start)
     assert got.shape == (n, hq, d) and got.dtype == torch.float32
     assert rel_err(got, dense_causal(q, k, v, start)) < 1e-5
 
@@ -89,7 +94,7 @@ def test_paged_decode_batch_matches_dense(hq, hkv, d, pt, dtype):
         perm = perm[need:]
     table = torch.tensor(tables)
     q = torch.randn(len(lens), hq, d, generator=g)
-    got = kattn.paged_decode_attention(q, kp, vp, table, torch.tensor(lens))
+    got = kattn.paged_decode_attention(q, dense(kp, vp), table, torch.tensor(lens))
     for b, c in enumerate(lens):
         slots = [(table[b, p // pt].item(), p % pt) for p in range(c)]
         k = torch.stack([kp[i, o] for i, o in slots]).float()
@@ -114,9 +119,22 @@ def test_causal_mask():
 def test_dispatcher_checks_shapes():
     kp = torch.zeros(4, 16, 2, 8)
     with pytest.raises(ValueError, match="heads"):
-        kattn.paged_attention(torch.zeros(3, 3, 8), kp, kp, torch.tensor([0]), 0)
+        kattn.paged_attention(torch.zeros(3, 3, 8), dense(kp, kp), torch.tensor([0]), 0)
     with pytest.raises(ValueError, match="pages"):
-        kattn.paged_attention(torch.zeros(3, 4, 8), kp, kp, torch.tensor([0]), 14)
+        kattn.paged_attention(torch.zeros(3, 4, 8), dense(kp, kp), torch.tensor([0]), 14)
     with pytest.raises(ValueError):
-        kattn.paged_decode_attention(torch.zeros(2, 4, 8), kp, kp, torch.zeros(3, 1, dtype=torch.long),
+        kattn.paged_decode_attention(torch.zeros(2, 4, 8), dense(kp, kp), torch.zeros(3, 1, dtype=torch.long),
                                      torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match="page_tokens"):
+        kattn.paged_attention(torch.zeros(3, 4, 8), PagedView("dense", {"k": kp, "v": kp}, 8), torch.tensor([0]), 0)
+
+
+def test_dispatcher_refuses_unknown_view_tag():
+    """A view whose tag has no kernel is refused by name, by both entry points."""
+    kp = torch.zeros(4, 16, 2, 8)
+    view = PagedView("hq-e8-2b", {"codes": kp}, 16)
+    with pytest.raises(ValueError, match="'hq-e8-2b'.*known: dense"):
+        kattn.paged_attention(torch.zeros(3, 4, 8), view, torch.tensor([0]), 0)
+    with pytest.raises(ValueError, match="'hq-e8-2b'"):
+        kattn.paged_decode_attention(torch.zeros(1, 4, 8), view, torch.zeros(1, 1, dtype=torch.long),
+                                     torch.tensor([1]))

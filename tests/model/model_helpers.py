@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ignisd.cache.device_pages import DevicePages
+from ignisd.cache.kv_store import KVStore
 from ignisd.model.batch import ForwardBatch, SeqChunk
 
 
@@ -13,7 +13,7 @@ def shuffled_pages(n_pages: int, pool_pages: int, seed: int) -> list[int]:
     return torch.randperm(pool_pages, generator=g)[:n_pages].tolist()
 
 
-def run_chunked(model, kv: DevicePages, ids: list[int], chunk: int | None, n_decode: int,
+def run_chunked(model, kv: KVStore, ids: list[int], chunk: int | None, n_decode: int,
                 pages: list[int]) -> torch.Tensor:
     """Prefill ids[:-n_decode] in chunks of `chunk` tokens (None: one chunk), logits for every token, then feed the
     last n_decode tokens one decode step at a time. Returns fp32 logits [len(ids), vocab], row i after token i."""

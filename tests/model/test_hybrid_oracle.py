@@ -18,8 +18,9 @@ import shutil
 import pytest
 import torch
 
-from ignisd.cache.device_pages import DevicePages
-from ignisd.cache.device_states import DeviceStates
+from ignisd.cache.kv_format import get_kv_format
+from ignisd.cache.kv_store import KVStore
+from ignisd.cache.state_store import StateStore
 from ignisd.model.batch import ForwardBatch, SeqChunk
 from ignisd.model.loader import load_model
 from model_helpers import shuffled_pages
@@ -56,7 +57,7 @@ IDS = _ids(120, 7)
 
 
 def _pools(spec, slots: int = 8):
-    return DevicePages(spec, POOL, "fp32", page_tokens=PT), DeviceStates(spec, slots)
+    return KVStore(get_kv_format("fp32"), spec, POOL, page_tokens=PT), StateStore(spec.state_buffers(), slots)
 
 
 def _run_chunked(model, kv, states, slot, ids, pages, chunk):
@@ -185,7 +186,7 @@ def test_image_restored_into_another_slot_continues_bit_identical(kind, ours):
 
     first = continue_from(2, src_pages)          # moves slot 2 on: the image must be an independent copy
     st.restore(6, image)
-    assert torch.equal(st.recurrent[6], image[0][1]) and torch.equal(st.conv[6], image[1][1])
+    assert torch.equal(st.buffer("recurrent")[6], image[0][1]) and torch.equal(st.buffer("conv")[6], image[1][1])
     second = continue_from(6, dst_pages)
     assert torch.equal(first, second)
 
@@ -256,7 +257,7 @@ def test_forward_needs_states_and_slots(ours):
     lm = ours["qwen3_5"]
     kv, st = _pools(lm.spec)
     b = ForwardBatch.build([SeqChunk(IDS[:5], 0, [0], "last", state_slot=0)], PT)
-    with pytest.raises(ValueError, match="DeviceStates"):
+    with pytest.raises(ValueError, match="StateStore"):
         lm.model.forward(b, kv)
     with pytest.raises(ValueError, match="state_slot"):
         lm.model.forward(ForwardBatch.build([SeqChunk(IDS[:5], 0, [0], "last")], PT), kv, st)

@@ -1,6 +1,6 @@
 """ModelSpec of the Qwen hybrids from the published configs (values of MODELS.md §3, written here), their state and
 KV sizes against the hand-computed figures of MODELS.md §7 / the issue, layer_types against transformers' own
-config classes, and DeviceStates (zero, image, restore)."""
+config classes, and the StateStore of their state buffers (zero, image, restore)."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,8 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from ignisd.cache.device_states import DeviceStates
-from ignisd.model.spec import ModelSpec
+from ignisd.buffers import DTYPE_BYTES, BufferSpec, total_bytes
+from ignisd.cache.kv_format import KV_FORMATS, get_kv_format
+from ignisd.cache.state_store import StateStore
+from ignisd.model.spec import KV_FORMAT_ACT_BYTES, ModelSpec
 
 MIB = 1 << 20
 
@@ -50,11 +52,12 @@ def test_qwen3_5_27b_sizes():
     s = ModelSpec.from_hf_config(QWEN3_5_27B, "Qwen3.5-27B")
     assert s.arch == "qwen3_5" and s.is_hybrid
     assert (s.num_layers, s.n_gdn_layers, s.n_attention_layers) == (64, 48, 16)
-    assert s.layer_types[:4] == ("linear_attention",) * 3 + ("full_attention",) and s.layer_types[-1] == "full_attention"
+    assert s.layer_types[:4] == ("linear_attention",) * 3 + ("full_attention",)
+    assert s.layer_types[-1] == "full_attention"
     assert (s.vocab_size, s.hidden_size, s.head_dim, s.rotary_dim, s.conv_dim) == (248320, 5120, 256, 64, 10240)
     assert s.rope_theta == 1e7 and s.rope_scaling is None and s.context_tokens == 262144
     assert s.eos_token_ids == (248046, 248044) and not s.tie_word_embeddings and s.moe_layers == ()
-    assert s.kv_bytes_per_token("bf16") == 16 * 4 * 256 * 2 * 2 == 65536
+    assert get_kv_format("bf16").bytes_per_token(s) == 16 * 4 * 256 * 2 * 2 == 65536
     assert s.recurrent_state_bytes == 48 * 48 * 128 * 128 * 4 == 144 * MIB
     assert s.conv_state_bytes(2) == 48 * 10240 * 3 * 2          # 2.8125 MiB
     assert s.state_bytes("bf16") == 144 * MIB + 48 * 10240 * 3 * 2
@@ -71,7 +74,7 @@ def test_qwen3_next_80b_sizes():
         (512, 10, 512, 512)
     assert s.norm_topk_prob and s.moe_layers == tuple(range(48))
     assert (s.bos_token_id, s.eos_token_ids) == (151643, (151645,))
-    assert s.kv_bytes_per_token("bf16") == 12 * 2 * 256 * 2 * 2 == 24576
+    assert get_kv_format("bf16").bytes_per_token(s) == 12 * 2 * 256 * 2 * 2 == 24576
     assert s.recurrent_state_bytes == 72 * MIB
     assert s.state_bytes("bf16") == 72 * MIB + 36 * 8192 * 3 * 2
     assert round(s.state_bytes("bf16") / MIB, 1) == 73.7
@@ -118,6 +121,28 @@ def test_spec_rejects_inconsistent_hybrids():
         ModelSpec.from_hf_config(dict(QWEN3_NEXT_80B, layer_types=["full_attention"] * 3), "x")
 
 
+def test_state_buffers_are_what_state_bytes_counts():
+    s = ModelSpec.from_hf_config(QWEN3_5_27B, "Qwen3.5-27B")
+    assert s.state_buffers() == [BufferSpec("recurrent", (48, 48, 128, 128), "float32"),
+                                 BufferSpec("conv", (48, 10240, 3), "float32")]
+    assert s.state_buffers("bfloat16")[1] == BufferSpec("conv", (48, 10240, 3), "bfloat16")
+    assert total_bytes(s.state_buffers()) == s.state_bytes("fp32")
+    assert total_bytes(s.state_buffers("bfloat16")) == s.state_bytes("bf16") == s.state_bytes("fp32", act_bytes=2)
+    assert dataclasses.replace(s, layer_types=("full_attention",) * 64).state_buffers() == []
+    with pytest.raises(ValueError, match="dtype"):
+        s.state_buffers("float64")
+
+
+def test_state_bytes_formats_are_the_kv_formats():
+    """spec.py names the KV formats without importing cache/: its list must stay the cache's, with each format's
+    activation size equal to its dense storage element size."""
+    assert set(KV_FORMAT_ACT_BYTES) == set(KV_FORMATS)
+    for name, fmt in KV_FORMATS.items():
+        assert KV_FORMAT_ACT_BYTES[name] == DTYPE_BYTES[fmt.dtype]
+    with pytest.raises(ValueError, match="allowed"):
+        ModelSpec.from_hf_config(QWEN3_NEXT_80B, "x").state_bytes("hq-e8-2b")
+
+
 def _tiny_spec() -> ModelSpec:
     cfg = dict(QWEN3_NEXT_80B, num_hidden_layers=4, hidden_size=64, linear_num_key_heads=2,
                linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=4, num_experts=4,
@@ -125,24 +150,25 @@ def _tiny_spec() -> ModelSpec:
     return ModelSpec.from_hf_config(cfg, "tiny")
 
 
-def test_device_states_zero_image_restore():
+def test_state_store_zero_image_restore():
     spec = _tiny_spec()
-    st = DeviceStates(spec, 3)
-    assert st.recurrent.shape == (3, 3, 4, 8, 4) and st.recurrent.dtype == torch.float32
-    assert st.conv.shape == (3, 3, spec.conv_dim, 3) and spec.conv_dim == 2 * 2 * 8 + 4 * 4
+    st = StateStore(spec.state_buffers(), 3)
+    rec, conv = st.buffer("recurrent"), st.buffer("conv")
+    assert rec.shape == (3, 3, 4, 8, 4) and rec.dtype == torch.float32
+    assert conv.shape == (3, 3, spec.conv_dim, 3) and spec.conv_dim == 2 * 2 * 8 + 4 * 4
     assert st.slot_bytes == spec.state_bytes("fp32") == 3 * (4 * 8 * 4 + 48 * 3) * 4
     assert st.nbytes == 3 * st.slot_bytes
     g = torch.Generator().manual_seed(0)
-    st.recurrent.copy_(torch.randn(st.recurrent.shape, generator=g))
-    st.conv.copy_(torch.randn(st.conv.shape, generator=g))
+    rec.copy_(torch.randn(rec.shape, generator=g))
+    conv.copy_(torch.randn(conv.shape, generator=g))
     image = st.image(0)
     assert [n for n, _ in image] == ["recurrent", "conv"]
-    other = st.recurrent[1].clone()
+    other = rec[1].clone()
     st.zero(0)
-    assert not st.recurrent[0].any() and not st.conv[0].any() and torch.equal(st.recurrent[1], other)
+    assert not rec[0].any() and not conv[0].any() and torch.equal(rec[1], other)
     assert image[0][1].abs().sum() > 0              # the image is a copy, not a view
     st.restore(2, image)
-    assert torch.equal(st.recurrent[2], image[0][1]) and torch.equal(st.conv[2], image[1][1])
+    assert torch.equal(rec[2], image[0][1]) and torch.equal(conv[2], image[1][1])
     with pytest.raises(ValueError, match="buffers"):
         st.restore(1, image[:1])
     with pytest.raises(ValueError, match="conv"):
@@ -150,11 +176,11 @@ def test_device_states_zero_image_restore():
     with pytest.raises(IndexError):
         st.zero(3)
     st.copy_slot(2, 1)
-    assert torch.equal(st.recurrent[1], image[0][1])
+    assert torch.equal(rec[1], image[0][1])
 
 
-def test_device_states_on_all_attention_model():
+def test_state_store_on_all_attention_model():
     spec = dataclasses.replace(_tiny_spec(), layer_types=("full_attention",) * 4)
-    st = DeviceStates(spec, 2)
+    st = StateStore(spec.state_buffers(), 2)
     assert st.nbytes == 0 and st.slot_bytes == 0 == spec.state_bytes("bf16") and st.image(1) == []
     st.restore(0, [])

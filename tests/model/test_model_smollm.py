@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from ignisd.cache.device_pages import DevicePages
+from ignisd.cache.kv_format import get_kv_format
+from ignisd.cache.kv_store import KVStore
 from model_helpers import run_chunked, shuffled_pages
 
 pytestmark = pytest.mark.smollm
@@ -19,7 +20,7 @@ POOL_PAGES = 24
 @pytest.mark.parametrize("prompt", ["short", "code", "prose"])
 def test_fp32_logits_match_transformers(smollm_ours, prompt_ids, hf_smollm_logits, prompt, chunk):
     ids = prompt_ids[prompt]
-    kv = DevicePages(smollm_ours.spec, POOL_PAGES, "fp32", page_tokens=64)
+    kv = KVStore(get_kv_format("fp32"), smollm_ours.spec, POOL_PAGES, page_tokens=64)
     pages = shuffled_pages(-(-len(ids) // 64), POOL_PAGES, seed=len(ids) + (chunk or 0))
     ours = run_chunked(smollm_ours.model, kv, ids, chunk, N_DECODE, pages)
     ref = hf_smollm_logits[prompt]
@@ -35,7 +36,7 @@ def test_bf16_kv_top1_and_logprobs(smollm_ours, prompt_ids, hf_smollm_logits, pr
     prompt_logprobs reports) <= 0.02. The mean over the whole vocabulary, dominated by the far tail
     (log p ~ -30), is held to 0.05."""
     ids = prompt_ids[prompt]
-    kv = DevicePages(smollm_ours.spec, POOL_PAGES, "bf16", page_tokens=64)
+    kv = KVStore(get_kv_format("bf16"), smollm_ours.spec, POOL_PAGES, page_tokens=64)
     pages = shuffled_pages(-(-len(ids) // 64), POOL_PAGES, seed=7)
     ours = run_chunked(smollm_ours.model, kv, ids, 64, N_DECODE, pages)
     ref = hf_smollm_logits[prompt]
@@ -55,7 +56,7 @@ def test_qk_rows_unpermuted_like_transformers(smollm_ours, hf_smollm, smollm_rea
     """Our fused Q/K rows equal transformers' q_proj/k_proj exactly, and differ from the GGUF's raw row order
     (so the un-permutation is real, and the logits oracle above is what proves its direction)."""
     spec = smollm_ours.spec
-    w_qkv = smollm_ours.model.layers[0].attn.w_qkv_t.t()
+    w_qkv = smollm_ours.model.layers[0].mixer.w_qkv_t.t()
     qd, kd = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     hf_attn = hf_smollm.model.layers[0].self_attn
     assert torch.equal(w_qkv[:qd], hf_attn.q_proj.weight.detach())

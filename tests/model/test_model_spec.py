@@ -1,4 +1,4 @@
-"""ModelSpec, ForwardBatch, DevicePages and loader odds and ends, against hand-computed numbers and transformers."""
+"""ModelSpec, ForwardBatch, KVStore and loader odds and ends, against hand-computed numbers and transformers."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from ignisd.cache.device_pages import DevicePages
+from ignisd.cache.kv_format import get_kv_format
+from ignisd.cache.kv_store import KVStore
 from ignisd.model.batch import ForwardBatch, SeqChunk
 from ignisd.model.loader import builtin_model_path, load_model, unpermute_rows
 from ignisd.model.spec import ModelSpec
@@ -29,10 +30,10 @@ def test_smollm_spec_numbers(smollm_spec):
     assert s.tie_word_embeddings is True
     assert (s.bos_token_id, s.eos_token_ids) == (1, (2,))
     assert s.layer_types == ("full_attention",) * 30 and s.n_attention_layers == 30
-    assert s.kv_bytes_per_token("fp32") == 2 * 30 * 3 * 64 * 4 == 46080
-    assert s.kv_bytes_per_token("bf16") == 23040
+    assert get_kv_format("fp32").bytes_per_token(s) == 2 * 30 * 3 * 64 * 4 == 46080
+    assert get_kv_format("bf16").bytes_per_token(s) == 23040
     with pytest.raises(ValueError, match="allowed"):
-        s.kv_bytes_per_token("fp8")
+        get_kv_format("fp8")
 
 
 def test_builtin_path_found_without_import():
@@ -111,11 +112,11 @@ def test_forward_batch_build_hand_computed():
         ForwardBatch.build([SeqChunk([1], 0, [0], "some")], 4)
 
 
-def test_device_pages(smollm_spec):
-    kv = DevicePages(smollm_spec, 3, "bf16", page_tokens=64)
-    assert kv.k.shape == (30, 192, 3, 64) and kv.k.dtype == torch.bfloat16
+def test_kv_store(smollm_spec):
+    kv = KVStore(get_kv_format("bf16"), smollm_spec, 3, page_tokens=64)
+    assert kv.buffer("k").shape == (30, 192, 3, 64) and kv.buffer("k").dtype == torch.bfloat16
     assert kv.page_bytes == 64 * 23040 and kv.nbytes == 3 * kv.page_bytes
-    assert DevicePages(smollm_spec, 2, "fp32").page_bytes == 64 * 46080
+    assert KVStore(get_kv_format("fp32"), smollm_spec, 2).page_bytes == 64 * 46080
     x = torch.randn(5, 3, 64)
     slots = torch.tensor([7, 64, 65, 130, 0])
     kv.write(4, slots, x, -x)
@@ -124,10 +125,10 @@ def test_device_pages(smollm_spec):
     assert kv.gather(3, slots)[0].abs().sum() == 0
     kv.copy_pages([1], [2])
     assert torch.equal(kv.gather(4, torch.tensor([128, 129]))[0], kv.gather(4, torch.tensor([64, 65]))[0])
-    kp, _ = kv.pages(4)
+    kp = kv.view(4).buffers["k"]
     assert kp.shape == (3, 64, 3, 64) and torch.equal(kp[0, 7].float(), k[0]) and torch.equal(kp[1, 1].float(), k[2])
     with pytest.raises(ValueError):
-        DevicePages(smollm_spec, 2, "hq-e8-2b")
+        KVStore(get_kv_format("hq-e8-2b"), smollm_spec, 2)
 
 
 def test_load_errors(tmp_path):

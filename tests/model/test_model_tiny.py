@@ -8,7 +8,8 @@ import shutil
 import pytest
 import torch
 
-from ignisd.cache.device_pages import DevicePages
+from ignisd.cache.kv_format import get_kv_format
+from ignisd.cache.kv_store import KVStore
 from ignisd.model.batch import ForwardBatch, SeqChunk
 from ignisd.model.loader import load_model
 from model_helpers import run_chunked, shuffled_pages
@@ -24,7 +25,7 @@ def _hf_logits(hf, ids):
 @pytest.mark.parametrize("prompt", ["short", "code", "prose"])
 def test_tiny_logits_match_transformers(tiny_ours, tiny_hf, prompt_ids, prompt, chunk, kv_format):
     ids = prompt_ids[prompt]
-    kv = DevicePages(tiny_ours.spec, 16, kv_format, page_tokens=64)
+    kv = KVStore(get_kv_format(kv_format), tiny_ours.spec, 16, page_tokens=64)
     ours = run_chunked(tiny_ours.model, kv, ids, chunk, 3, shuffled_pages(-(-len(ids) // 64), 16, seed=3))
     ref = _hf_logits(tiny_hf, ids)
     err = (ours - ref).abs().max().item()
@@ -40,7 +41,8 @@ def test_tiny_spec_from_config(tiny_ours, tiny_llama_dir):
     assert (s.num_layers, s.num_heads, s.num_kv_heads, s.head_dim) == (
         cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"])
     assert s.tie_word_embeddings is False and tiny_ours.kind == "hf"
-    assert s.kv_bytes_per_token("fp32") == 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
+    assert get_kv_format("fp32").bytes_per_token(s) == \
+        2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
 
 
 def test_sharded_safetensors_load_equal(tiny_hf, tiny_llama_dir, tiny_ours, prompt_ids, tmp_path):
@@ -53,7 +55,7 @@ def test_sharded_safetensors_load_equal(tiny_hf, tiny_llama_dir, tiny_ours, prom
     ids = prompt_ids["short"]
     outs = []
     for lm in (tiny_ours, sharded):
-        kv = DevicePages(lm.spec, 4, "fp32")
+        kv = KVStore(get_kv_format("fp32"), lm.spec, 4)
         outs.append(run_chunked(lm.model, kv, ids, None, 0, [2]))
     assert torch.equal(outs[0], outs[1])
 
@@ -73,7 +75,7 @@ def _run(model, spec, seqs, rounds, batched, kv_format):
     Returns {seq: logits [len, vocab]} ("all" logits for prefill chunks, "last" for 1-token decode)."""
     names = sorted(seqs)
     pool = 4 * len(names) * 8
-    kv = DevicePages(spec, pool, kv_format, page_tokens=16)
+    kv = KVStore(get_kv_format(kv_format), spec, pool, page_tokens=16)
     pages = {k: shuffled_pages(pool, pool, seed=11)[i::len(names)][:8 * 4] for i, k in enumerate(names)}
     pos = {k: 0 for k in names}
     out = {k: [] for k in names}
@@ -168,12 +170,12 @@ def test_rotary_tables_grow_and_match_transformers(tiny_ours, tiny_hf):
 
 def test_no_logits_and_mixed_modes(tiny_ours, prompt_ids):
     ids = prompt_ids["code"][:40]
-    kv = DevicePages(tiny_ours.spec, 4, "fp32", page_tokens=16)
+    kv = KVStore(get_kv_format("fp32"), tiny_ours.spec, 4, page_tokens=16)
     out = tiny_ours.model.forward(ForwardBatch.build([SeqChunk(ids[:30], 0, [0, 1], "none")], 16), kv)
     assert out.shape == (0, tiny_ours.spec.vocab_size)
     b = ForwardBatch.build([SeqChunk(ids[30:35], 30, [0, 1, 2], "last"), SeqChunk(ids[:3], 0, [3], "all")], 16)
     out = tiny_ours.model.forward(b, kv)
     assert out.shape == (4, tiny_ours.spec.vocab_size) and out.dtype == torch.float32
-    kv2 = DevicePages(tiny_ours.spec, 4, "fp32", page_tokens=16)
+    kv2 = KVStore(get_kv_format("fp32"), tiny_ours.spec, 4, page_tokens=16)
     ref = run_chunked(tiny_ours.model, kv2, ids[:35], None, 0, [0, 1, 2])
     assert (out[0] - ref[34]).abs().max() < 1e-5

@@ -1,0 +1,121 @@
+"""KVStore: the KV pool's page storage on the compute device, in one KV format (DESIGN §4.1, §4.6).
+
+Built from a format (cache/kv_format.py) and a KV geometry (a KVGeometry or a ModelSpec, duck-typed: cache/ never
+imports model/). One tensor per page buffer of the format, [n_attention_layers, num_pages * page_tokens, *per-token
+shape]; slot = page * page_tokens + offset. Which pages belong to whom is the page pool's business
+(cache/page_pool.py); this class only stores bytes. The attention layers reach it through the PagedKV protocol of
+ignis_kernels.attention (write, view).
+"""
+from __future__ import annotations
+
+import torch
+
+from ignis_kernels.attention import PagedView
+from ignisd.cache.kv_format import Geometry, KVFormat, KVGeometry
+from ignisd.vocab import PAGE_TOKENS
+
+_WRITE_TAGS = ("dense",)
+"""The view tags this store can write (encode) into; another format's writer arrives with its kernels."""
+
+
+class KVStore:
+    """Page storage of one KV format.
+
+    fmt: the KVFormat (its tag must be writable here: "dense"; ValueError otherwise). geom: the model's KV geometry
+    (n_attention_layers, num_kv_heads, head_dim). num_pages: pages in the pool (>= 1). page_tokens: tokens per page
+    (>= 1). device: torch device. Every buffer is zero-initialised. Raises ValueError on a bad count.
+    Attributes: format (the KVFormat), kv_format (its name), geometry (KVGeometry), num_pages, page_tokens,
+    n_attention_layers, device.
+    """
+
+    def __init__(self, fmt: KVFormat, geom: Geometry, num_pages: int, page_tokens: int = PAGE_TOKENS,
+                 device: str | torch.device = "cpu") -> None:
+        if num_pages < 1 or page_tokens < 1:
+            raise ValueError(f"KVStore needs num_pages >= 1 and page_tokens >= 1, got {num_pages}, {page_tokens}")
+        if fmt.tag not in _WRITE_TAGS:
+            raise ValueError(f"KVStore: no writer for KV format {fmt.name!r} (tag {fmt.tag!r}); "
+                             f"writable tags: {', '.join(_WRITE_TAGS)}")
+        self.format = fmt
+        self.kv_format = fmt.name
+        self.geometry = KVGeometry.of(geom)
+        self.n_attention_layers = self.geometry.n_attention_layers
+        self.num_pages = num_pages
+        self.page_tokens = page_tokens
+        self.device = torch.device(device)
+        slots = num_pages * page_tokens
+        self._specs = fmt.page_buffers(self.geometry)
+        self._buffers: dict[str, torch.Tensor] = {
+            b.name: torch.zeros((self.n_attention_layers, slots, *b.shape), dtype=getattr(torch, b.dtype),
+                                device=self.device)
+            for b in self._specs}
+        self._views = [PagedView(fmt.tag, {name: t[layer].view(num_pages, page_tokens, *t.shape[2:])
+                                           for name, t in self._buffers.items()}, page_tokens)
+                       for layer in range(self.n_attention_layers)]
+        if fmt.tag == "dense":
+            self._k, self._v = self._buffers["k"], self._buffers["v"]
+
+    @property
+    def num_slots(self) -> int:
+        """Token slots in the pool (num_pages * page_tokens)."""
+        return self.num_pages * self.page_tokens
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one page across all attention layers and buffers (= format.page_bytes(geometry, page_tokens))."""
+        return self.format.page_bytes(self.geometry, self.page_tokens)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all buffers (= num_pages * page_bytes)."""
+        return sum(t.numel() * t.element_size() for t in self._buffers.values())
+
+    @property
+    def buffer_names(self) -> list[str]:
+        """The page buffers' names, in the format's order (dense: ["k", "v"])."""
+        return [b.name for b in self._specs]
+
+    def buffer(self, name: str) -> torch.Tensor:
+        """Page buffer `name` of every layer: [n_attention_layers, num_slots, *per-token shape] in its storage dtype
+        (the storage itself, not a copy). Raises KeyError naming the buffers for an unknown name."""
+        try:
+            return self._buffers[name]
+        except KeyError:
+            raise KeyError(f"KV buffer {name!r} not in {self.buffer_names}") from None
+
+    def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store keys/values of T tokens of attention layer `layer` (index among the attention layers).
+
+        slot_mapping: LongTensor [T]; k, v: [T, num_kv_heads, head_dim], any float dtype (dense: cast to the storage
+        dtype, round-to-nearest for bf16).
+        """
+        kb, vb = self._k[layer], self._v[layer]
+        kb.index_copy_(0, slot_mapping, k.to(kb.dtype))
+        vb.index_copy_(0, slot_mapping, v.to(vb.dtype))
+
+    def view(self, layer: int) -> PagedView:
+        """Attention layer `layer`'s pages as the kernels read them: PagedView(tag, {name: [num_pages, page_tokens,
+        *per-token shape]}, page_tokens), views of the storage. Raises IndexError for a bad layer."""
+        if not 0 <= layer < self.n_attention_layers:
+            raise IndexError(f"attention layer {layer} out of range [0, {self.n_attention_layers})")
+        return self._views[layer]
+
+    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read K and V of `slots` (LongTensor [S]) of attention layer `layer` (dense formats).
+
+        Returns (k, v), each float32 [S, num_kv_heads, head_dim] (bf16 storage is upcast exactly).
+        """
+        return self._k[layer].index_select(0, slots).float(), self._v[layer].index_select(0, slots).float()
+
+    def copy_pages(self, src: list[int], dst: list[int]) -> None:
+        """Copy whole pages src[i] -> dst[i] of every buffer in every attention layer (copy-on-write of a partial
+        last page). Raises ValueError when src and dst differ in length."""
+        if len(src) != len(dst):
+            raise ValueError("copy_pages: src and dst differ in length")
+        if not src:
+            return
+        pt = self.page_tokens
+        offs = torch.arange(pt, device=self.device)
+        s = (torch.tensor(src, device=self.device)[:, None] * pt + offs).reshape(-1)
+        d = (torch.tensor(dst, device=self.device)[:, None] * pt + offs).reshape(-1)
+        for t in self._buffers.values():
+            t.index_copy_(1, d, t.index_select(1, s))
