@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from ignisd.log import setup_logging
     setup_logging(cfg.server.log_level)
-    from ignisd.daemon import Daemon, StartupError
+    from ignisd.daemon import Daemon
+    from ignisd.preflight import StartupError
     try:
         import uvloop
         run = uvloop.run

@@ -70,39 +70,64 @@ def builtin_model_path() -> Path:
     raise FileNotFoundError(f"{BUILTIN_FILE} not found in the {BUILTIN_DIST} distribution")
 
 
-def load_model(path: str | Path | None = None, dtype: torch.dtype = torch.float32,
-               batch_invariant: bool = False) -> LoadedModel:
-    """Load the model at `path` (None: the built-in model).
+@dataclass
+class ModelSource:
+    """A model's file(s) and architecture numbers, read before any weight (``open_model``).
+
+    spec: ModelSpec from config.json or the GGUF header. source: the GGUF file or HF directory. kind: "gguf" |
+    "hf". gguf_reader: the open gguf.GGUFReader of a GGUF source (its tensors are memory-mapped, not read).
+    """
+
+    spec: ModelSpec
+    source: Path
+    kind: str
+    gguf_reader: Any = None
+
+
+def open_model(path: str | Path | None = None) -> ModelSource:
+    """Find the model at `path` (None: the built-in model) and read its architecture numbers only: config.json of
+    an HF directory, or the header of a GGUF file (one parse, reused by ``load_model`` and the tokenizer).
 
     path: a .gguf file, a directory holding config.json (+ model.safetensors or model.safetensors.index.json), or a
-    directory holding exactly one .gguf file. dtype: weight/compute dtype (fp32 on CPU).
-    batch_invariant: see Decoder (bitwise batch-independent rows at ~2x single-lane matmul cost; settable later as
-    loaded.model.batch_invariant).
+    directory holding exactly one .gguf file. Raises FileNotFoundError (nothing loadable at path), ValueError
+    (unsupported architecture, malformed config).
+    """
+    p = builtin_model_path() if path is None else Path(path).expanduser()
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            config = json.loads((p / "config.json").read_text())
+            return ModelSource(ModelSpec.from_hf_config(config, config.get("_name_or_path") or p.name), p, "hf")
+        ggufs = sorted(p.glob("*.gguf"))
+        if len(ggufs) != 1:
+            raise FileNotFoundError(f"{p}: no config.json and {len(ggufs)} .gguf files (need exactly one)")
+        p = ggufs[0]
+    elif not p.is_file():
+        raise FileNotFoundError(f"model path {p} does not exist")
+    import gguf
+
+    reader = gguf.GGUFReader(str(p))
+    name = p.name[:-5] if p.name.endswith(".gguf") else p.name
+    return ModelSource(ModelSpec.from_gguf_metadata(reader, name), p, "gguf", reader)
+
+
+def load_model(path: str | Path | ModelSource | None = None, dtype: torch.dtype = torch.float32,
+               batch_invariant: bool = False) -> LoadedModel:
+    """Load the model at `path` (a path, None for the built-in model, or the ModelSource of ``open_model``).
+
+    dtype: weight/compute dtype (fp32 on CPU). batch_invariant: see Decoder (bitwise batch-independent rows at ~2x
+    single-lane matmul cost; settable later as loaded.model.batch_invariant).
     Raises FileNotFoundError (nothing loadable at path), ValueError (unsupported architecture / tensor type),
     KeyError (a required tensor is missing).
     """
-    p = builtin_model_path() if path is None else Path(path).expanduser()
-    reader = None
-    if p.is_dir():
-        if (p / "config.json").is_file():
-            spec, weights = _read_hf_dir(p)
-            kind = "hf"
-        else:
-            ggufs = sorted(p.glob("*.gguf"))
-            if len(ggufs) != 1:
-                raise FileNotFoundError(f"{p}: no config.json and {len(ggufs)} .gguf files (need exactly one)")
-            p = ggufs[0]
-            spec, weights, reader = _read_gguf(p)
-            kind = "gguf"
-    elif p.is_file():
-        spec, weights, reader = _read_gguf(p)
-        kind = "gguf"
+    src = path if isinstance(path, ModelSource) else open_model(path)
+    if src.kind == "hf":
+        weights = _read_hf_weights(src.source, src.spec)
     else:
-        raise FileNotFoundError(f"model path {p} does not exist")
+        weights = _read_gguf_weights(src.source, src.gguf_reader, src.spec)
     weights = {k: v.to(dtype) for k, v in weights.items()}
-    model = Decoder(spec, weights, batch_invariant=batch_invariant)
-    return LoadedModel(spec=spec, model=model, source=p, kind=kind, weight_bytes=model.weight_bytes,
-                       gguf_reader=reader)
+    model = Decoder(src.spec, weights, batch_invariant=batch_invariant)
+    return LoadedModel(spec=src.spec, model=model, source=src.source, kind=src.kind, weight_bytes=model.weight_bytes,
+                       gguf_reader=src.gguf_reader)
 
 
 def _gguf_name(name: str) -> str | None:
@@ -122,14 +147,11 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _read_gguf(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor], Any]:
-    """Read metadata and dequantise every tensor to fp32 (gguf.quants.dequantize), HF names and row order; also
-    returns the open gguf.GGUFReader."""
+def _read_gguf_weights(path: Path, reader: Any, spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """Dequantise every tensor of the open GGUF `reader` to fp32 (gguf.quants.dequantize), with HF names and row
+    order."""
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
-    name = path.name[:-5] if path.name.endswith(".gguf") else path.name
-    spec = ModelSpec.from_gguf_metadata(reader, name)
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise ValueError(f"{path}: rope_freqs (llama 3.1 rope scaling in GGUF) is not supported yet")
     weights: dict[str, torch.Tensor] = {}
@@ -149,19 +171,17 @@ def _read_gguf(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor], Any]:
         elif hf.endswith("k_proj.weight"):
             arr = unpermute_rows(arr, spec.num_kv_heads)
         weights[hf] = torch.from_numpy(arr.copy())  # own memory (F32 data is a view of the mmap)
-    return spec, weights, reader
+    return weights
 
 
-def _read_hf_dir(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
-    """Read config.json and the safetensors weights (single file or sharded via model.safetensors.index.json).
+def _read_hf_weights(path: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """Read the safetensors weights of an HF directory (single file or sharded via model.safetensors.index.json).
 
     Tensor names go through hybrid_weights.hf_weight_name (`model.language_model.` -> `model.`); the vision tower
     and MTP tensors are never read, and their groups are listed in one `skipped_tensors` log line. A hybrid's fused
     GDN projections are split here (hybrid_weights.split_fused_gdn)."""
     from safetensors import safe_open
 
-    config = json.loads((path / "config.json").read_text())
-    spec = ModelSpec.from_hf_config(config, config.get("_name_or_path") or path.name)
     index = path / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -187,4 +207,4 @@ def _read_hf_dir(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
                  groups=",".join(f"{g}:{n}" for g, n in sorted(skipped.items())))
     if spec.is_hybrid:
         split_fused_gdn(weights, spec)
-    return spec, weights
+    return weights

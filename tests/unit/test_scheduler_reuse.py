@@ -4,7 +4,8 @@ import pytest
 
 from ignisd.cache.manager import CacheManager
 from ignisd.cache.page_pool import PagePool
-from ignisd.cache.retained import RetainedStore, Stamp
+from ignisd.cache.retained import RetainedStore
+from ignisd.cache.retained_state import Stamp
 from ignisd.cache.state_slots import StateSlots
 from ignisd.request import DoneEvent, FinishReason, Priority, Request, SamplingParams
 from ignisd.scheduler import ItemResult, Scheduler

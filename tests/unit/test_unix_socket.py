@@ -1,4 +1,4 @@
-"""prepare_socket: only a stale socket is removed; anything else at the path or in its way is a SocketPathError
+"""prepare_socket: only a stale socket is removed; anything else at the path or in its way is a StartupError
 (exit 2) naming the path and what is there, and is left untouched; a live listener is refused (exit 1)."""
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import socket
 
 import pytest
 
-from ignisd.unix_socket import SocketPathError, prepare_socket, socket_gid
+from ignisd.preflight import StartupError
+from ignisd.unix_socket import prepare_socket, socket_gid
 
 
 def _refused(path, *needles, exit_code=2):
-    with pytest.raises(SocketPathError) as e:
+    with pytest.raises(StartupError) as e:
         prepare_socket(str(path))
     assert e.value.exit_code == exit_code
     for n in needles:
@@ -82,6 +83,6 @@ def test_live_socket_is_refused_with_exit_1(tmp_path):
 
 def test_socket_group():
     assert socket_gid(None) is None and socket_gid("root") == 0
-    with pytest.raises(SocketPathError) as e:
+    with pytest.raises(StartupError) as e:
         socket_gid("no-such-group-xyz")
     assert e.value.exit_code == 2 and "server.socket_group" in str(e.value)

@@ -1,0 +1,80 @@
+"""Start-up checks that need no weights are made before the weights load (ignisd/preflight.py, issue 8): each
+refusal is exit 2 naming the key. The model used here has a valid config.json but unreadable weights, so a check
+made after the load would end in exit 1 ("cannot load") instead."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ignisd.config import Config, Size, VramConfig, ServerConfig
+from ignisd.preflight import StartupError, plan_pool_pages
+
+
+@pytest.fixture(scope="module")
+def broken_weights_dir(tiny_llama_dir, tmp_path_factory):
+    d = tmp_path_factory.mktemp("broken") / "model"
+    shutil.copytree(tiny_llama_dir, d)
+    (d / "model.safetensors").write_bytes(b"not a safetensors file")
+    return d
+
+
+def _serve(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "ignisd", "serve", "--socket", str(tmp_path / "s.sock"), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_broken_model_really_fails_to_load(broken_weights_dir, tmp_path):
+    r = _serve(tmp_path, "--model", str(broken_weights_dir))
+    assert r.returncode == 1 and "cannot load" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--vram-kv-pool-bytes", "63tok"], "vram.kv_pool_bytes = 63 tokens holds no whole KV page"),
+    (["--vram-kv-pool-bytes", "100"], "vram.kv_pool_bytes = 100 bytes holds no whole KV page"),
+    (["--model-context-tokens", "999999"], "model.context_tokens = 999999 exceeds the model's context"),
+    (["--server-api-key-file", "/nonexistent/key"], "server.api_key_file '/nonexistent/key'"),
+    (["--model-weight-format", "bf16"], "model.weight_format = 'bf16' is not available"),
+    (["--model-kv-format", "hq-e8-2b"], "model.kv_format = 'hq-e8-2b' is not available"),
+])
+def test_refused_before_the_weights_load(broken_weights_dir, tmp_path, args, needle):
+    r = _serve(tmp_path, "--model", str(broken_weights_dir), *args)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr and "Traceback" not in r.stderr and "cannot load" not in r.stderr, r.stderr
+
+
+def test_an_empty_api_key_file_is_refused_before_the_load(broken_weights_dir, tmp_path):
+    key = tmp_path / "key"
+    key.write_text("  \n")
+    r = _serve(tmp_path, "--model", str(broken_weights_dir), "--server-api-key-file", str(key))
+    assert r.returncode == 2 and f"server.api_key_file '{key}' is empty" in r.stderr, r.stderr
+
+
+def _cfg(size: Size | None, lanes: int = 2) -> Config:
+    return Config(vram=VramConfig(kv_pool_bytes=size), server=ServerConfig(lanes=lanes))
+
+
+@pytest.mark.parametrize("size, pages", [
+    (Size(tokens=64), 1), (Size(tokens=127), 1), (Size(tokens=128), 2), (Size(tokens=900 * 1024), 14400),
+    (Size(bytes=1000 * 64), 1), (Size(bytes=1000 * 64 * 3 - 1), 2),
+])
+def test_pool_sizes_round_down_to_whole_pages(size, pages):
+    # 1,000 bytes a token: a page is 64,000 bytes
+    assert plan_pool_pages(_cfg(size), 1000, 4096, 1 << 40) == pages
+
+
+def test_pool_sizes_below_a_page_are_refused_in_tokens_and_bytes():
+    for size in (Size(tokens=1), Size(tokens=63), Size(bytes=63_999)):
+        with pytest.raises(StartupError) as e:
+            plan_pool_pages(_cfg(size), 1000, 4096, 1 << 40)
+        assert e.value.exit_code == 2 and "vram.kv_pool_bytes" in str(e.value)
+
+
+def test_the_default_pool_is_lanes_times_context_capped_at_half_the_memory():
+    assert plan_pool_pages(_cfg(None, lanes=2), 1000, 4096, 1 << 40) == 2 * 4096 // 64
+    assert plan_pool_pages(_cfg(None, lanes=2), 1000, 4096, 2 * 64_000 * 10 + 5) == 10
+    with pytest.raises(StartupError) as e:
+        plan_pool_pages(_cfg(None), 1000, 4096, 64_000)
+    assert e.value.exit_code == 2 and "half of the available memory" in str(e.value)
