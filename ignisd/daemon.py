@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import signal
 import socket
@@ -21,8 +20,9 @@ from ignisd.cache.retained_state import Stamp
 from ignisd.cache.state_slots import StateSlots
 from ignisd.cache.state_store import StateStore
 from ignisd.config import Config
+from ignisd.edge import Edge
 from ignisd.engine import Engine
-from ignisd.handlers import Handlers
+from ignisd.fronts.ndjson import NdjsonFront
 from ignisd.log import get_logger
 from ignisd.metrics import Metrics
 from ignisd.model.loader import load_model, open_model
@@ -33,6 +33,7 @@ from ignisd.scheduler import Scheduler
 from ignisd.server import Server
 from ignisd.text.chat_template import ChatTemplate
 from ignisd.text.tokenizer import Tokenizer
+from ignisd.unix_socket import prepare_socket, socket_gid
 from ignisd.vocab import PAGE_TOKENS
 
 log = get_logger("model")
@@ -55,41 +56,14 @@ def sd_notify(state: str) -> None:
             pass
 
 
-def _socket_gid(group: str | None) -> int | None:
-    """The gid of server.socket_group (None when unset). Raises StartupError (exit 2) for an unknown group."""
-    if not group:
-        return None
-    import grp
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        raise StartupError(f"server.socket_group {group!r}: no such group", exit_code=2) from None
-
-
-def prepare_socket(path: str, mode: int) -> None:
-    """Make the socket's directory; remove a stale socket file; refuse when a live daemon answers there."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    if p.exists() or p.is_socket():
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            try:
-                s.connect(path)
-            except OSError as e:
-                if e.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
-                    raise
-            else:
-                raise StartupError(f"another ignisd is already serving on {path}; stop it or pass --socket")
-        p.unlink(missing_ok=True)
-
-
 class Daemon:
     """The whole process: model, pool, engine, server. Build with `Daemon(cfg)`, run with `await daemon.run()`."""
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
         # everything that can be refused without the weights is refused before they load (exit 2, key named)
-        prepare_socket(cfg.server.socket, cfg.server.socket_mode)
-        self.socket_gid = _socket_gid(cfg.server.socket_group)
+        prepare_socket(cfg.server.socket)
+        self.socket_gid = socket_gid(cfg.server.socket_group)
         api_key = read_api_key(cfg.server.api_key_file)
         self.kv_format = choose_kv_format(cfg)
         fmt = get_kv_format(self.kv_format)
@@ -149,12 +123,13 @@ class Daemon:
         model_info = {"name": spec.name, "arch": spec.arch, "kv_format": self.kv_format,
                       "context_tokens": context, "page_tokens": PAGE_TOKENS, "page_bytes": self.kv.page_bytes,
                       "state_bytes": state_bytes}
-        self.handlers = Handlers(self.engine, tk, self.template, model_info=model_info, context_tokens=context,
-                                 default_max_tokens=cfg.server.default_max_tokens,
-                                 developer_policy=cfg.server.developer_message_policy, metrics=self.metrics,
-                                 output_family=OUTPUT_FAMILIES.get(spec.arch, "none"))
-        self.server = Server(self.engine, self.handlers, max_line_bytes=cfg.server.max_line_bytes,
-                             max_inflight=cfg.server.max_inflight_per_connection, api_key=api_key)
+        self.edge = Edge(self.engine, tk, self.template, model_info=model_info, context_tokens=context,
+                         default_max_tokens=cfg.server.default_max_tokens,
+                         developer_policy=cfg.server.developer_message_policy, metrics=self.metrics,
+                         output_family=OUTPUT_FAMILIES.get(spec.arch, "none"))
+        self.server = Server(NdjsonFront(self.edge), max_line_bytes=cfg.server.max_line_bytes,
+                             max_inflight=cfg.server.max_inflight_per_connection, api_key=api_key,
+                             metrics=self.metrics)
         log.info("vram_plan", model=spec.name, model_bytes=self.loaded.weight_bytes, kv_format=self.kv_format,
                  page_bytes=self.kv.page_bytes, kv_pool_pages=pages, kv_pool_tokens=pages * PAGE_TOKENS,
                  kv_pool_bytes=self.kv.nbytes, state_bytes=state_bytes,
@@ -176,7 +151,7 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
         path = self.cfg.server.socket
-        prepare_socket(path, self.cfg.server.socket_mode)
+        prepare_socket(path)
         engine_task = asyncio.create_task(self.engine.run())
         await self.server.start(path)
         os.chmod(path, self.cfg.server.socket_mode)

@@ -1,27 +1,34 @@
 """The Unix-socket server: framing, per-connection tasks, backpressure, dispatch (DESIGN §2, §5).
 
 One JSON object per line in both directions. Each connection has a reader loop (framing and dispatch) and one task
-per generation request; replies are written under a per-connection lock and drained, so a slow client only slows
-itself. A client that disconnects cancels all its requests. †: imports no torch.
+per request; replies are written under a per-connection lock and drained, so a slow client only slows itself. The
+ops are answered by a front (``ignisd.fronts.ndjson.NdjsonFront``).
+
+End of input (the client shut its write side, as `nc -N` does) means no more requests: everything already sent is
+answered, then the connection is closed. A client that is gone — it closed the socket (POLLHUP on a Unix socket),
+or a write to it failed — cancels all its requests. †: imports no torch.
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
 import itertools
+import select
 
 from ignis_client import protocol as P
-from ignisd.handlers import Handlers
+
+from ignisd.fronts.ndjson import NdjsonFront
 from ignisd.log import get_logger
 
 log = get_logger("srv")
 _conn_ids = itertools.count(1)
+GONE_POLL_S = 0.1   # after end of input, how often a connection checks whether its client closed the socket
 
 
 class Connection:
     """One client connection: its writer, in-flight requests (client id → task) and engine rids."""
 
-    def __init__(self, server: "Server", reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(self, server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.server = server
         self.reader = reader
         self.writer = writer
@@ -29,7 +36,7 @@ class Connection:
         self.inflight: dict[str, asyncio.Task] = {}
         self.rids: dict[str, str] = {}   # client id -> engine rid of a generation request
         self._wlock = asyncio.Lock()
-        self.closed = False
+        self.closed = False      # the client is gone: nothing more is written
 
     def rid(self, client_id: str) -> str:
         """The engine-wide key of this connection's request `client_id`."""
@@ -50,7 +57,24 @@ class Connection:
                 self.writer.write(P.encode(obj))
                 await self.writer.drain()
             except (ConnectionError, RuntimeError):
-                self.closed = True
+                self.disconnect()
+
+    def disconnect(self) -> None:
+        """The client is gone: write nothing more and cancel every generation request it has in flight."""
+        self.closed = True
+        for rid in list(self.rids.values()):
+            self.server.front.edge.cancel(rid)
+
+    def peer_gone(self) -> bool:
+        """Whether the client closed its socket (not only its write side) or a write to it failed."""
+        if self.closed or self.writer.is_closing():
+            return True
+        sock = self.writer.get_extra_info("socket")
+        if sock is None:
+            return False
+        p = select.poll()
+        p.register(sock.fileno(), select.POLLIN)   # POLLHUP / POLLERR are reported whatever is asked
+        return any(ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, ev in p.poll(0))
 
     async def lines(self):
         """Yield complete lines (bytes without the newline); a line over the limit yields None once."""
@@ -83,7 +107,8 @@ class Connection:
                     yield line
 
     async def serve(self) -> None:
-        """Read and dispatch lines until EOF; then cancel whatever this connection still has in flight."""
+        """Read and dispatch lines until end of input; then answer what is in flight (cancelled instead when the
+        client is gone) and close."""
         try:
             async for line in self.lines():
                 if line is None:
@@ -94,21 +119,34 @@ class Connection:
                     continue
                 await self.dispatch(line)
         except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+            self.disconnect()
+        except asyncio.CancelledError:
+            self.disconnect()
+            raise
         finally:
-            self.closed = True
-            for cid in list(self.rids):
-                self.server.engine.cancel(self.rids[cid])
+            await self._finish()
+
+    async def _finish(self) -> None:
+        """After end of input: let every request in flight finish and write its replies, cancelling them all as soon
+        as the client turns out to be gone (then waiting at most 5 s for their ends); then close the connection."""
+        try:
+            while not self.closed:
+                pending = [t for t in self.inflight.values() if not t.done()]
+                if not pending:
+                    break
+                if self.peer_gone():
+                    self.disconnect()
+                    break
+                await asyncio.wait(pending, timeout=GONE_POLL_S)
             pending = [t for t in self.inflight.values() if not t.done()]
             if pending:
-                try:
-                    await asyncio.wait(pending, timeout=5)
-                except asyncio.CancelledError:  # the loop is shutting down: nothing left to wait for
-                    pass
-            try:
-                self.writer.close()
-            except RuntimeError:
-                pass
+                await asyncio.wait(pending, timeout=5)
+        except asyncio.CancelledError:  # the loop is shutting down: nothing left to wait for
+            pass
+        try:
+            self.writer.close()
+        except RuntimeError:
+            pass
 
     async def dispatch(self, line: bytes) -> None:
         """Parse one request line and answer it (generation requests run as their own task)."""
@@ -132,8 +170,11 @@ class Connection:
         self.inflight[op.id] = task
 
     async def _run_op(self, op) -> None:
-        try:
-            await self.server.handlers.handle(self, op)
+        if self.closed:   # the client left before this request started: submit nothing for it
+            self.inflight.pop(op.id, None)
+            return
+        try:   # no await comes before a generation request is submitted and in self.rids (disconnect() sees it)
+            await self.server.front.answer(self, op)
         except P.ProtocolError as e:
             await self.send(P.error(op.id, e.code, e.message, e.field))
         except Exception as e:  # the daemon stays up; the client learns what broke
@@ -145,20 +186,20 @@ class Connection:
 
 
 class Server:
-    """Listens on `socket_path`; `handlers` answers ops.
+    """Listens on `socket_path`; `front` answers ops.
 
     max_line_bytes: framing limit (bytes). max_inflight: per-connection in-flight requests. api_key: when set, every
-    op but `health` must carry it (compared in constant time).
+    op but `health` must carry it (compared in constant time). metrics: ignisd.metrics.Metrics (error replies are
+    counted) or None.
     """
 
-    def __init__(self, engine, handlers: Handlers, *, max_line_bytes: int, max_inflight: int,
-                 api_key: str | None = None):
-        self.engine = engine
-        self.handlers = handlers
+    def __init__(self, front: NdjsonFront, *, max_line_bytes: int, max_inflight: int, api_key: str | None = None,
+                 metrics=None):
+        self.front = front
         self.max_line_bytes = max_line_bytes
         self.max_inflight = max_inflight
         self.api_key = api_key
-        self.metrics = getattr(handlers, "metrics", None)
+        self.metrics = metrics
         self.connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
 
@@ -194,7 +235,7 @@ class Server:
         for conn in list(self.connections):
             try:
                 await asyncio.wait_for(conn.writer.drain(), timeout=2)
-            except (asyncio.TimeoutError, ConnectionError, RuntimeError):
+            except (TimeoutError, ConnectionError, RuntimeError):
                 pass
         for conn in list(self.connections):
             try:

@@ -1,0 +1,353 @@
+"""The edge between the fronts and the engine (DESIGN §2): prepare a request, stream its edge events.
+
+A front (the NDJSON socket in ``ignisd.fronts.ndjson``; HTTP APIs later) parses its wire body into an op, then:
+
+* ``Edge.prepare_chat(op, rid)`` / ``Edge.prepare_completion(op, rid)`` → a ``Generation``: the engine submission
+  (``ignisd.request.Request``), the output parser and the stream decoder (stop strings, UTF-8). Request errors raise
+  ``ProtocolError`` before anything is submitted.
+* ``Edge.stream(gen)``: an async iterator of typed edge events — zero or more ``EdgeDelta`` (only when the request
+  streams), then one ``EdgeDone`` or one ``EdgeError``. It submits on the first step; stop strings end the request
+  there (the engine is told to stop). The ``done`` log line and the request metrics are emitted here, once per
+  request, whatever the front.
+* The front renders each event in its own wire shape.
+
+The other ops (tokenize, detokenize, cancel, health, status, metrics, reset) are one method each. The events are
+plain dataclasses: no wire dicts. †: imports no torch.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ignisd.log import get_logger
+from ignisd.prompt import Prompt, Prompts, Reuse
+from ignisd.request import DoneEvent, ErrorEvent, FinishReason, Priority, Request, ReuseInfo, SamplingParams, TokenEvent
+from ignisd.text.output_parser import OutputParser, make_output_parser, prompt_starts_in_reasoning
+from ignisd.text.stream import StreamDecoder
+
+log = get_logger("srv")
+
+
+# ---- edge events ----
+@dataclass(frozen=True)
+class TopLogprob:
+    """One alternative of a generated token: its text, id and log-probability."""
+
+    token: str
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's text, id, log-probability (raw logits, fp32 log-softmax) and its best alternatives."""
+
+    token: str
+    token_id: int
+    logprob: float | None
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolCallPiece:
+    """A streamed piece of tool call `index`: its first piece carries `id` and `name`, later ones only more of the
+    JSON `arguments` string (id and name None)."""
+
+    index: int
+    arguments: str
+    id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A finished tool call: id, function name, arguments as a JSON string."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """The assistant message of a chat reply: content (None when empty and the reply made tool calls), the
+    reasoning (None when empty) and the tool calls (None when none)."""
+
+    content: str | None
+    reasoning_content: str | None
+    tool_calls: tuple[ToolCall, ...] | None
+
+
+@dataclass(frozen=True)
+class EdgeDelta:
+    """Newly generated output of a streaming request: visible text (may be ""), reasoning, tool-call pieces and
+    the logprobs of the tokens consumed since the previous delta (None where there is none or none was asked)."""
+
+    text: str
+    reasoning_content: str | None = None
+    tool_calls: tuple[ToolCallPiece, ...] | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of a finished request (DESIGN §4.7): cached_tokens are the prompt tokens restored."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Times of a finished request: milliseconds, and tokens per second (unrounded)."""
+
+    queue_ms: float
+    load_ms: float
+    ttft_ms: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class EdgeDone:
+    """The end of a request: the full generated text, why it ended, usage, timings, the reuse report, the chat
+    message (None for completion), the generated tokens' logprobs and the prompt's (None unless asked)."""
+
+    text: str
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+    reuse: Reuse
+    message: ChatMessage | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    prompt_logprobs: list | None = None
+
+
+@dataclass(frozen=True)
+class EdgeError:
+    """The engine refused or failed the request: a wire error code (DESIGN §5), a message, the field it names."""
+
+    code: str
+    message: str
+    field: str | None = None
+
+
+EdgeEvent = EdgeDelta | EdgeDone | EdgeError
+
+
+@dataclass
+class Generation:
+    """A prepared chat or completion request: what to submit and how its tokens become text.
+
+    client_id: the front's id of the request (the `done` log line names it). parser: the chat OutputParser (content
+    / reasoning / tool calls), None for completion. stream: the request wants EdgeDelta events. logprobs: it asked
+    for the generated tokens' logprobs.
+    """
+
+    client_id: str
+    request: Request
+    prompt: Prompt
+    decoder: StreamDecoder
+    parser: OutputParser | None = None
+    stream: bool = False
+    logprobs: bool = False
+    stop_hit: bool = field(default=False, init=False)
+
+
+def _pieces(calls) -> tuple[ToolCallPiece, ...] | None:
+    """The parser's OpenAI-shaped tool-call delta pieces as ToolCallPiece records."""
+    if not calls:
+        return None
+    return tuple(ToolCallPiece(c["index"], c["function"]["arguments"], c.get("id"), c["function"].get("name"))
+                 for c in calls)
+
+
+def _message(parsed) -> ChatMessage:
+    calls = parsed.tool_calls
+    return ChatMessage(parsed.content, parsed.reasoning_content,
+                       tuple(ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls)
+                       if calls else None)
+
+
+def _merge(a: dict, b: dict) -> dict:
+    """Concatenate two parser deltas (strings joined, tool-call pieces appended)."""
+    out = dict(a)
+    for k, v in (b or {}).items():
+        if k == "tool_calls":
+            out[k] = list(out.get(k) or []) + list(v)
+        elif v:
+            out[k] = (out.get(k) or "") + v
+    return out
+
+
+class Edge:
+    """Prepares and streams requests for one loaded model, and answers the other ops.
+
+    engine: ignisd.engine.Engine. tokenizer: ignisd.text.tokenizer.Tokenizer. template: ChatTemplate or None.
+    model_info: the `status.model` object. context_tokens: prompt + generation cap (tokens).
+    default_max_tokens: used when a request gives none (capped at what the context leaves).
+    developer_policy: server.developer_message_policy. metrics: ignisd.metrics.Metrics or None.
+    output_family: how chat output is split into content / reasoning / tool calls ("qwen3_5", "qwen3", "none").
+    """
+
+    def __init__(self, engine, tokenizer, template, *, model_info: dict, context_tokens: int,
+                 default_max_tokens: int, developer_policy: str, metrics=None, output_family: str = "none"):
+        self.engine = engine
+        self.tok = tokenizer
+        self.prompts = Prompts(tokenizer, template, developer_policy)
+        self.model_info = model_info
+        self.context_tokens = context_tokens
+        self.default_max_tokens = default_max_tokens
+        self.metrics = metrics
+        self.output_family = output_family
+
+    # ---- prepare ----
+    def prepare_chat(self, op, rid: str) -> Generation:
+        """A chat op (ignis_client.protocol.ChatOp or the same fields) as a Generation with engine key `rid`.
+        Raises ProtocolError for request errors."""
+        prompt = self.prompts.chat(op)
+        parser = make_output_parser(self.output_family, op.tools,
+                                    starts_in_reasoning=prompt_starts_in_reasoning(prompt.text))
+        return self._generation(op, rid, prompt, parser)
+
+    def prepare_completion(self, op, rid: str) -> Generation:
+        """A completion op as a Generation with engine key `rid`. Raises ProtocolError for request errors."""
+        return self._generation(op, rid, self.prompts.completion(op), None)
+
+    def _sampling(self, op, prompt_len: int) -> SamplingParams:
+        s = op.sampling
+        max_tokens = s.max_tokens
+        if max_tokens is None:
+            max_tokens = max(1, min(self.default_max_tokens, self.context_tokens - prompt_len))
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
+            seed=s.seed, stop_token_ids=frozenset(self.tok.stop_token_ids),
+            logprobs=bool(op.logprobs), top_logprobs=op.top_logprobs or 0)
+
+    def _generation(self, op, rid: str, prompt: Prompt, parser) -> Generation:
+        ids, cuts, msgs = prompt.ids, prompt.cuts, prompt.messages or []
+        req = Request(rid=rid, prompt_ids=ids, sampling=self._sampling(op, len(ids)),
+                      priority=Priority(op.priority), prompt_logprobs=getattr(op, "prompt_logprobs", None),
+                      cache_prompt=op.cache_prompt,
+                      publish=cuts.publish if cuts else 0, opener=cuts.opener if cuts else None,
+                      cut_reason=cuts.reason if cuts else None,
+                      after_user=bool(msgs) and msgs[-1].get("role") == "user")
+        return Generation(op.id, req, prompt, StreamDecoder(self.tok, list(op.sampling.stop)), parser,
+                          stream=bool(op.stream), logprobs=bool(op.logprobs))
+
+    # ---- stream ----
+    def _logprob(self, ev: TokenEvent) -> TokenLogprob:
+        return TokenLogprob(self.tok.decode([ev.token_id]), ev.token_id, ev.logprob,
+                            tuple(TopLogprob(self.tok.decode([t]), t, lp) for t, lp in (ev.top or [])))
+
+    @staticmethod
+    def _delta(gen: Generation, piece: str, logprobs: list, final: bool = False) -> EdgeDelta | None:
+        """The delta of one step: plain text for completion; for chat, the parser's content / reasoning / tool-call
+        pieces (nothing while it holds back text that may be part of a tag). final: flush the parser."""
+        lps = tuple(logprobs) or None
+        if gen.parser is None:
+            return EdgeDelta(piece, logprobs=lps) if piece or logprobs else None
+        d = gen.parser.feed(piece) if piece else {}
+        if final:
+            d = _merge(d, gen.parser.finish().delta)
+        if not d and not logprobs:
+            return None
+        return EdgeDelta(d.get("content") or "", d.get("reasoning_content"), _pieces(d.get("tool_calls")), lps)
+
+    async def stream(self, gen: Generation) -> AsyncIterator[EdgeEvent]:
+        """Submit `gen` to the engine and yield its edge events: EdgeDelta pieces (when gen.stream), then EdgeDone
+        or EdgeError. A stop string ends the text there and tells the engine to stop. Iterate it to the end: the
+        `done` log line and metrics are emitted before EdgeDone."""
+        req, decoder = gen.request, gen.decoder
+        queue = self.engine.submit(req)
+        consumed = 0
+        logprobs: list[TokenLogprob] = []
+        pending: list[TokenLogprob] = []
+        while True:
+            ev = await queue.get()
+            if isinstance(ev, ErrorEvent):
+                yield EdgeError(ev.code, ev.message, ev.field)
+                return
+            if isinstance(ev, DoneEvent):
+                break
+            assert isinstance(ev, TokenEvent)
+            if gen.stop_hit:
+                continue
+            consumed += 1
+            piece = decoder.push(ev.token_id)
+            if gen.logprobs:
+                entry = self._logprob(ev)
+                logprobs.append(entry)
+                pending.append(entry)
+            if decoder.stopped:
+                gen.stop_hit = True
+                self.engine.cancel(req.rid, FinishReason.STOP)
+            if gen.stream and (piece or pending):
+                delta = self._delta(gen, piece, pending)
+                pending = []
+                if delta is not None:
+                    yield delta
+        tail = "" if gen.stop_hit else decoder.flush()
+        if gen.stream:
+            delta = self._delta(gen, tail, [], final=True)
+            if delta is not None:
+                yield delta
+        yield self._done(gen, ev, consumed, logprobs)
+
+    def _done(self, gen: Generation, ev: DoneEvent, consumed: int, logprobs: list) -> EdgeDone:
+        parser = gen.parser
+        if parser is not None and not gen.stream:
+            parser.feed(gen.decoder.text)
+        parsed = parser.finish() if parser is not None else None
+        finish = FinishReason.STOP if gen.stop_hit else ev.finish_reason
+        generated = consumed if gen.stop_hit else ev.generated_tokens
+        reuse = self.prompts.reuse(ev.reuse or ReuseInfo(), ev.cached_tokens, gen.prompt)
+        message = None
+        if parsed is not None:
+            message = _message(parsed)
+            if parsed.has_tool_calls and finish is FinishReason.STOP:
+                finish = FinishReason.TOOL_CALLS
+        if self.metrics is not None:
+            self.metrics.requests_total.labels(finish_reason=finish.value).inc()
+        log.info("done", id=gen.client_id, prompt=ev.prompt_tokens, cached=ev.cached_tokens,
+                 prefilled=ev.prefilled_tokens, generated=generated, tier=reuse.tier, kind=reuse.kind,
+                 reason=reuse.reason, ttft_ms=f"{ev.ttft_ms:.1f}", tok_s=f"{ev.decode_tokens_per_s:.1f}",
+                 finish=finish.value)
+        return EdgeDone(gen.decoder.text, finish, Usage(ev.prompt_tokens, generated, ev.cached_tokens),
+                        Timings(ev.queue_ms, 0.0, ev.ttft_ms, ev.prefill_tokens_per_s, ev.decode_tokens_per_s),
+                        reuse, message, tuple(logprobs) if gen.logprobs else None, ev.prompt_logprobs)
+
+    # ---- the other ops ----
+    def tokenize(self, op) -> dict:
+        """The `tokenize` op's result (see Prompts.tokenize)."""
+        return self.prompts.tokenize(op)
+
+    def detokenize(self, ids: list[int], field: str = "tokens") -> str:
+        """The text of token ids. Raises ProtocolError naming `field[i]` for an id outside the vocabulary."""
+        self.prompts.check_ids(ids, field)
+        return self.tok.decode(list(ids))
+
+    def cancel(self, rid: str | None, reason: FinishReason = FinishReason.CANCELLED) -> bool:
+        """End the request with engine key `rid` at the next round; whether it was in flight."""
+        return rid is not None and bool(self.engine.cancel(rid, reason))
+
+    def health(self) -> dict:
+        """The `health` result: the daemon is up and serving this model."""
+        return {"ok": True, "model": self.model_info["name"]}
+
+    def status(self) -> dict:
+        """The full `status` object of DESIGN §5 (zeros where a feature does not exist yet)."""
+        st = self.engine.status()
+        return {"model": self.model_info, **{k: st[k] for k in ("lanes", "queue", "kv_pool", "slots", "tiers",
+                                                                 "retained", "requests", "live_states")}}
+
+    def metrics_text(self) -> str:
+        """Prometheus exposition of the daemon's metrics ("" without metrics)."""
+        return self.metrics.render() if self.metrics is not None else ""
+
+    def reset(self) -> int:
+        """Drop every retained state not pinned by a running restore; how many were dropped."""
+        n = self.engine.reset()
+        log.info("reset", dropped=n)
+        return n

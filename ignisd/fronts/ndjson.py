@@ -1,0 +1,133 @@
+"""The NDJSON front: the socket protocol's ops answered through the edge, its events rendered as reply lines
+(DESIGN §5; the shapes are ignis_client.protocol's `delta`, `done`, `result` and `error`).
+
+One method per op. A connection (``ignisd.server.Connection``) gives each request its engine key and writes the
+replies (`send`); a request error raises ProtocolError, which the connection answers. †: imports no torch.
+"""
+from __future__ import annotations
+
+from ignis_client import protocol as P
+
+from ignisd.edge import Edge, EdgeDelta, EdgeDone, EdgeError, TokenLogprob, ToolCall, ToolCallPiece
+from ignisd.prompt import Reuse
+
+
+def logprob_entry(lp: TokenLogprob) -> dict:
+    """A generated token's logprobs entry: token, token_id, logprob, top_logprobs [{token, token_id, logprob}]."""
+    return {"token": lp.token, "token_id": lp.token_id, "logprob": lp.logprob,
+            "top_logprobs": [{"token": t.token, "token_id": t.token_id, "logprob": t.logprob} for t in lp.top]}
+
+
+def tool_call_piece(p: ToolCallPiece) -> dict:
+    """OpenAI's streamed tool-call shape: the first piece names the call, later ones add arguments."""
+    if p.id is None:
+        return {"index": p.index, "function": {"arguments": p.arguments}}
+    return {"index": p.index, "id": p.id, "type": "function", "function": {"name": p.name, "arguments": p.arguments}}
+
+
+def tool_call(c: ToolCall) -> dict:
+    """A finished tool call in OpenAI's shape."""
+    return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+
+
+def reuse_object(r: Reuse) -> dict:
+    """The `ignis.reuse` object. Raises ValueError for a tier, kind or reason outside the wire literals."""
+    best = div = None
+    if r.best_candidate is not None:
+        b = r.best_candidate
+        best = {"kind": b.kind, "tier": b.tier, "tokens": b.tokens}
+    if r.diverged_at is not None:
+        d = r.diverged_at
+        div = {"token": d.token, "message_index": d.message_index, "role": d.role, "char_offset": d.char_offset,
+               "ours": d.ours, "theirs": d.theirs}
+    return P.reuse(tier=r.tier, kind=r.kind, cached_tokens=r.cached_tokens, reason=r.reason, best_candidate=best,
+                   diverged_at=div)
+
+
+def delta_reply(rid: str, ev: EdgeDelta) -> dict:
+    """A `delta` line: text, and logprobs / reasoning_content / tool_calls when the event has them."""
+    return P.delta(rid, ev.text, logprobs=[logprob_entry(lp) for lp in ev.logprobs] if ev.logprobs else None,
+                   reasoning_content=ev.reasoning_content,
+                   tool_calls=[tool_call_piece(p) for p in ev.tool_calls] if ev.tool_calls else None)
+
+
+def done_reply(rid: str, ev: EdgeDone) -> dict:
+    """The `done` line: usage, timings (rounded: ms to 3 decimals, rates to 2), ignis.reuse, and the chat message,
+    logprobs and prompt_logprobs when present."""
+    u, t = ev.usage, ev.timings
+    timings = P.timings(queue_ms=round(t.queue_ms, 3), load_ms=t.load_ms, ttft_ms=round(t.ttft_ms, 3),
+                        prefill_tokens_per_s=round(t.prefill_tokens_per_s, 2),
+                        decode_tokens_per_s=round(t.decode_tokens_per_s, 2))
+    message = None
+    if ev.message is not None:
+        m = ev.message
+        message = P.chat_message(m.content, m.reasoning_content,
+                                 [tool_call(c) for c in m.tool_calls] if m.tool_calls else None)
+    return P.done(rid, ev.text, ev.finish_reason.value, P.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens),
+                  timings, reuse_object(ev.reuse), message=message,
+                  logprobs=[logprob_entry(lp) for lp in ev.logprobs] if ev.logprobs is not None else None,
+                  prompt_logprobs=ev.prompt_logprobs)
+
+
+class NdjsonFront:
+    """Answers the socket protocol's ops with `edge` (ignisd.edge.Edge); `answer` picks the op's method."""
+
+    def __init__(self, edge: Edge):
+        self.edge = edge
+        self._ops = {"chat": self.chat, "completion": self.completion, "tokenize": self.tokenize,
+                     "detokenize": self.detokenize, "cancel": self.cancel, "health": self.health,
+                     "status": self.status, "metrics": self.metrics, "reset": self.reset}
+
+    async def answer(self, conn, op) -> None:
+        """Answer `op` (a parsed ignis_client.protocol op) on `conn`. Raises ProtocolError for request errors."""
+        method = self._ops.get(op.op)
+        if method is None:
+            raise P.ProtocolError("unknown_op", f"unknown op {op.op!r}", "op")
+        await method(conn, op)
+
+    async def _generate(self, conn, op, gen) -> None:
+        conn.rids[op.id] = gen.request.rid   # with the first step of the stream (the submit): no await between
+        async for ev in self.edge.stream(gen):
+            if isinstance(ev, EdgeDelta):
+                await conn.send(delta_reply(op.id, ev))
+            elif isinstance(ev, EdgeDone):
+                await conn.send(done_reply(op.id, ev))
+            else:
+                assert isinstance(ev, EdgeError)
+                await conn.send(P.error(op.id, ev.code, ev.message, ev.field))
+
+    async def chat(self, conn, op) -> None:
+        """`chat`: stream deltas when asked, then `done` (or an `error` from the engine)."""
+        await self._generate(conn, op, self.edge.prepare_chat(op, conn.rid(op.id)))
+
+    async def completion(self, conn, op) -> None:
+        """`completion`: as chat, with plain text deltas and optional prompt_logprobs."""
+        await self._generate(conn, op, self.edge.prepare_completion(op, conn.rid(op.id)))
+
+    async def tokenize(self, conn, op) -> None:
+        """`tokenize` → tokens, offsets, text (and message spans and cut points for a chat body)."""
+        await conn.send(P.result(op.id, self.edge.tokenize(op)))
+
+    async def detokenize(self, conn, op) -> None:
+        """`detokenize` → text."""
+        await conn.send(P.result(op.id, {"text": self.edge.detokenize(op.tokens)}))
+
+    async def cancel(self, conn, op) -> None:
+        """`cancel` a request of this connection → whether it was in flight."""
+        await conn.send(P.result(op.id, {"cancelled": self.edge.cancel(conn.rids.get(op.target))}))
+
+    async def health(self, conn, op) -> None:
+        """`health` → ok and the model's name."""
+        await conn.send(P.result(op.id, self.edge.health()))
+
+    async def status(self, conn, op) -> None:
+        """`status` → the DESIGN §5 status object."""
+        await conn.send(P.result(op.id, self.edge.status()))
+
+    async def metrics(self, conn, op) -> None:
+        """`metrics` → the Prometheus exposition text."""
+        await conn.send(P.result(op.id, {"text": self.edge.metrics_text()}))
+
+    async def reset(self, conn, op) -> None:
+        """`reset` → how many retained states were dropped."""
+        await conn.send(P.result(op.id, {"dropped": self.edge.reset()}))
