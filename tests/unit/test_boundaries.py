@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # storage behind the pools (DESIGN §3 lists kv_store.py without †): they are the only cache modules left out.
 CONTROL_PLANE = [
     "ignisd.scheduler", "ignisd.sequence", "ignisd.plan", "ignisd.traversal", "ignisd.request", "ignisd.vocab",
-    "ignisd.buffers", "ignisd.config", "ignisd.config_keys", "ignisd.log", "ignisd.metrics",
+    "ignisd.buffers", "ignisd.config", "ignisd.config_keys", "ignisd.log", "ignisd.metrics", "ignisd.preflight",
+    "ignisd.engine", "ignisd.edge", "ignisd.prompt", "ignisd.server", "ignisd.fronts.ndjson", "ignisd.unix_socket",
     "ignisd.cache.manager", "ignisd.cache.placement", "ignisd.cache.page_pool", "ignisd.cache.state_slots",
     "ignisd.cache.prefix_index", "ignisd.cache.retained", "ignisd.cache.retained_state", "ignisd.cache.kv_format",
     "ignis_client.protocol", "ignis_client.divergence",
