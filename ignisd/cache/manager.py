@@ -20,8 +20,9 @@ from ignisd.cache.placement import Placement
 from ignisd.cache.retained import RetainedStore
 from ignisd.cache.retained_state import CaptureTicket, CommitResult, LookupResult
 from ignisd.cache.state_slots import StateSlots
+from ignisd.cache.tiers import Tiers, disk_record
 from ignisd.plan import CaptureOp, RestoreOp, RoundPlan, TierMove
-from ignisd.vocab import DEVICE, SLOT_TIERS
+from ignisd.vocab import DEVICE, DISK, RAM, SLOT_TIERS
 
 REFUSED_REUSE_OFF = "reuse_off"
 
@@ -62,13 +63,15 @@ class ReuseMatch:
 class Admission:
     """The answer of ``admit``: pages (the whole bound, position order; the first ``resumed // page_tokens`` shared
     with the matched state), slot (live state slot or None), resumed (prompt tokens restored), match (None when the
-    request looked nothing up), restore (the op the next round runs first, None on a miss)."""
+    request looked nothing up), restore (the op the next round runs first, None on a miss). wait_for: the KV-disk
+    state whose bytes are being read for this request (then nothing was reserved: try again after the read)."""
 
     pages: tuple[int, ...]
     slot: int | None
     resumed: int
     match: ReuseMatch | None
     restore: RestoreOp | None
+    wait_for: str | None = None
 
 
 class CacheManager:
@@ -81,14 +84,17 @@ class CacheManager:
     """
 
     def __init__(self, pool: PagePool, page_bytes: int, slots: StateSlots | None = None, state_bytes: int = 0,
-                 retained: RetainedStore | None = None):
+                 retained: RetainedStore | None = None, tiers: Tiers | None = None):
         self.pools: dict[str, PagePool] = {DEVICE: pool}
         self.page_bytes = page_bytes
         self.slots = slots
         self.state_bytes = state_bytes
         self.retained = retained
+        self.tiers = tiers if tiers is not None else Tiers(None, 0, page_bytes, page_tokens=pool.page_tokens)
+        self._loads: set[str] = set()                                    # KV-disk states a waiting request wants
         if retained is not None:
             retained.on_free = self._free_placement
+            retained.move_down = lambda s: self.tiers.move_down(self, s)
         self._live: dict[str, list[int]] = {}
         self._slot: dict[str, int] = {}
         self._restores: dict[str, RestoreOp] = {}                          # seq id -> restore not yet run
@@ -128,20 +134,28 @@ class CacheManager:
         return self.retained.lookup(prompt, pin=False, explain=False).matched_tokens
 
     def admit(self, seq_id: str, prompt: Sequence[int], bound_tokens: int, *, reuse: bool) -> Admission | None:
-        """Admit sequence `seq_id`: look up the longest retained state that is a prefix of `prompt` (when `reuse`
-        and reuse is on; a hit stays pinned until its restore ran or the sequence is released), reserve pages for
-        `bound_tokens` (prompt + max_tokens) sharing the match's full pages, and a live slot when slots exist.
-        Retained states are evicted, lowest rank first, before pages are refused (retained state never refuses an
-        admission). Returns None when too few pages or no live slot are free (nothing is held then).
+        """Admit sequence `seq_id`: look up the retained state to restore for `prompt` across the tiers, with the
+        restore floors (when `reuse` and reuse is on; a hit stays pinned until its restore ran or the sequence is
+        released), reserve pages for `bound_tokens` (prompt + max_tokens) — sharing a device match's full pages,
+        copying a KV-RAM or KV-disk match's pages into its own — and a live slot when slots exist. Device-resident
+        retained states move down (or go), lowest rank first, before pages are refused: retained state never refuses
+        an admission. Returns None when too few pages or no live slot are free (nothing is held then), or an
+        Admission with `wait_for` set when the match's KV-disk bytes must be read first (nothing is held; the engine
+        reads them, see ``loads_wanted``, and the request is admitted on a later try).
         Raises ValueError when `seq_id` is already admitted.
         """
         if seq_id in self._live:
             raise ValueError(f"{seq_id} already holds pages")
-        lk = self.retained.lookup(prompt) if reuse and self.retained is not None else None
+        floors = self.tiers.floors if self.retained is not None else None
+        lk = self.retained.lookup(prompt, floors=floors) if reuse and self.retained is not None else None
         state = lk.state if lk is not None else None
+        if state is not None and state.tier == DISK and state.placement.payload is None:
+            self.retained.unpin(state.id)
+            self._loads.add(state.id)
+            return Admission((), None, 0, ReuseMatch.of(lk), None, wait_for=state.id)
         resumed = lk.matched_tokens if state is not None else 0
         pt = self.page_tokens
-        shared = list(state.pages[:resumed // pt]) if state is not None else []
+        shared = list(state.pages[:resumed // pt]) if state is not None and state.tier == DEVICE else []
         n = self.pool.pages_for(bound_tokens) - len(shared)
         if n < 0:
             raise ValueError(f"{len(shared)} shared pages exceed the bound of {bound_tokens} tokens")
@@ -158,24 +172,30 @@ class CacheManager:
             self._slot[seq_id] = slot
         restore = None
         if state is not None:
-            partial = resumed % pt != 0
-            restore = RestoreOp(seq_id, state.id, state.pages[resumed // pt] if partial else None,
-                                pages[resumed // pt] if partial else None, state.slot_tier, state.slot, slot)
+            restore = self._restore_op(seq_id, state, resumed, pages, slot)
             self._restores[seq_id] = restore
         return Admission(tuple(pages), slot, resumed, ReuseMatch.of(lk) if lk is not None else None, restore)
 
+    def _restore_op(self, seq_id: str, state, resumed: int, pages: list[int], slot: int | None) -> RestoreOp:
+        pt = self.page_tokens
+        p = state.placement
+        if p.tier == DEVICE:
+            partial = resumed % pt != 0
+            return RestoreOp(seq_id, state.id, p.pages[resumed // pt] if partial else None,
+                             pages[resumed // pt] if partial else None, p.slot_tier, p.slot, slot)
+        own = tuple(pages[:-(-resumed // pt)])
+        if p.tier == RAM:
+            return RestoreOp(seq_id, state.id, None, None, p.slot_tier, p.slot, slot, tier=RAM, dst_pages=own,
+                             src_offset=p.extents[0][0])
+        self._loads.discard(state.id)
+        return RestoreOp(seq_id, state.id, None, None, None, None, slot, tier=DISK, dst_pages=own,
+                         payload=p.payload, image_after_pages=self.tiers.image_bytes > 0)
+
     def evict_for_pages(self, pages: int) -> list[str]:
-        """Drop lowest-ranked unpinned retained states (superseded checkpoints first) until `pages` device pages
-        are free or none is left to drop. Returns the dropped ids. A dropped state frees only the pages no one else
-        holds."""
-        dropped = []
-        while self.pool.free < pages and self.retained is not None:
-            v = self.retained.victim()
-            if v is None:
-                break
-            dropped.append(v.id)
-            self.retained.drop(v.id)
-        return dropped
+        """Make `pages` device pages free: lowest-ranked unpinned retained states (superseded checkpoints first)
+        move to KV-RAM or KV-disk, or are dropped when no lower tier takes them. Returns their ids. A state that
+        leaves the device frees only the pages no one else holds."""
+        return self.tiers.make_device_room(self, pages)
 
     def _make_room(self, pages: int) -> bool:
         self.evict_for_pages(pages)
@@ -235,8 +255,13 @@ class CacheManager:
 
     def finish_round(self, plan: RoundPlan, *, failed: bool = False) -> list[CommitResult]:
         """The round of `plan` ran (or, with `failed`, did not): unpin and touch the states its restores read,
-        and commit its captures (abort them when failed). Captures and restores of sequences released meanwhile
-        were settled by ``release`` and are skipped. Returns the commits' results."""
+        and commit its captures (abort them when failed; and drop the states its tier moves were copying, whose
+        bytes may be half-moved). Captures and restores of sequences released meanwhile were settled by
+        ``release`` and are skipped. Returns the commits' results."""
+        if failed:
+            for mv in plan.moves:
+                if self._state(mv.state_id) is not None:
+                    self.retained.drop(mv.state_id)
         for rs in plan.restores:
             if self._restores.get(rs.seq_id) is rs:
                 del self._restores[rs.seq_id]
@@ -255,13 +280,104 @@ class CacheManager:
         return out
 
     def plan_moves(self) -> list[TierMove]:
-        """Tier moves for the next round (DESIGN §4.5). Only the device tier exists: none."""
-        return []
+        """The tier moves decided since the last round, in order (DESIGN §4.5); the next round runs them first."""
+        return self.tiers.take_moves()
 
     def _free_placement(self, placement: Placement) -> None:
-        """The store let go of `placement`: drop its page references in its tier's pool."""
+        """The store let go of `placement`: drop its device page references, its arena extent, its disk share."""
         if placement.pages:
-            self.pools[placement.tier].release(placement.pages)
+            self.pool.release(placement.pages)
+        self.tiers.freed(placement)
+
+    # ---------------------------------------------------------------- KV-disk traffic (run by the engine)
+    def loads_wanted(self) -> list[str]:
+        """KV-disk states whose files a waiting request needs read (and that are not in memory already)."""
+        out = []
+        for sid in sorted(self._loads):
+            s = self._state(sid)
+            if s is None or s.tier != DISK or s.placement.payload is not None:
+                self._loads.discard(sid)
+            elif not s.placement.in_flight:
+                out.append(sid)
+        return out
+
+    def _state(self, state_id: str):
+        r = self.retained
+        return r.get(state_id) if r is not None and state_id in r else None
+
+    def disk_file(self, state_id: str) -> str | None:
+        """The KV-disk key of `state_id` (None when it is gone or not on disk)."""
+        s = self._state(state_id)
+        return s.placement.disk_file if s is not None and s.tier == DISK else None
+
+    def bytes_ready(self, state_id: str, payload: bytes) -> bool:
+        """The round produced the bytes of `state_id` (a "to_bytes" move) or its KV-disk file was read back and
+        verified: restores may use them now. Whether the state is still retained."""
+        s = self._state(state_id)
+        if s is None or s.tier != DISK:
+            return False
+        s.placement.payload = payload
+        return True
+
+    def disk_written(self, state_id: str, nbytes: int) -> bool:
+        """The KV-disk file of `state_id` is written (renamed into place, `nbytes` long): its bytes leave memory.
+        Whether the state is still retained (False: the caller removes the file)."""
+        s = self._state(state_id)
+        if s is None or s.tier != DISK:
+            return False
+        p = s.placement
+        self.tiers.disk_used += nbytes - p.disk_bytes
+        p.disk_bytes, p.payload, p.in_flight = nbytes, None, False
+        return True
+
+    def disk_failed(self, state_id: str) -> None:
+        """Writing or reading the KV-disk file of `state_id` failed (no space, I/O error, removed, corrupt): the
+        state is dropped (pinned: when its restore lets go) and the error counted."""
+        self.tiers.counts["disk_errors"] += 1
+        s = self._state(state_id)
+        self._loads.discard(state_id)
+        if s is not None:
+            self.retained.drop(state_id)
+
+    def plan_flush(self) -> list[TierMove]:
+        """Shutdown with KV-disk on (DESIGN §4.5): "to_bytes" moves of every retained state not yet on disk, highest
+        rank first, that fits under the ceiling. The states stay where they are (the process is ending); the engine
+        writes their files, and the next start indexes them."""
+        r, t = self.retained, self.tiers
+        if r is None or t.disk_capacity <= 0:
+            return []
+        moves, budget = [], t.disk_capacity - t.disk_used - t.disk_foreign
+        for s in sorted((x for x in r.states() if x.tier != DISK and not x.doomed),
+                        key=lambda x: r.rank(x), reverse=True):
+            with_image = s.slot is not None
+            if with_image != (t.image_bytes > 0):
+                continue
+            need = t.state_bytes(len(s.pages) if s.tier == DEVICE else -(-s.n_tokens // self.page_tokens),
+                                 with_image) + t.header_bytes
+            if need > budget:
+                continue
+            budget -= need
+            image = (s.slot_tier, s.slot) if with_image else None
+            if s.tier == DEVICE:
+                moves.append(TierMove("to_bytes", s.id, pages=tuple(s.pages), image_slot=image))
+            else:
+                off, nbytes = s.placement.extents[0]
+                moves.append(TierMove("to_bytes", s.id, src_offset=off, nbytes=nbytes, image_slot=image))
+        return moves
+
+    def disk_record(self, state_id: str, any_tier: bool = False):
+        """The DiskRecord (file header) of KV-disk state `state_id` (of any tier with `any_tier`, for a flush), or
+        None when it is gone."""
+        s = self._state(state_id)
+        if s is None or (s.tier != DISK and not any_tier):
+            return None
+        t = self.tiers
+        return disk_record(s, t.page_tokens, t.page_bytes, t.image_layout, t.image_bytes > 0)
+
+    def take_disk_deletes(self) -> list[str]:
+        """Keys of KV-disk files whose states were dropped since the last call (the engine removes them)."""
+        out, self.tiers.deletes = self.tiers.deletes, []
+        return out
 
     # ---------------------------------------------------------------- status and integrity
     def reset(self) -> int:
@@ -299,7 +415,7 @@ class CacheManager:
             "kv_pool": {"pages_total": pool.total, "pages_free": pool.free, "pages_live": self.live_pages(),
                         "pages_retained": self.retained_pages()},
             "slots": slots,
-            "tiers": [],
+            "tiers": self.tiers.rows(self),
             "retained": r.rows() if r is not None else [],
             "live_states": {"slots_total": self.slots.total if self.slots else 0,
                             "slots_used": (self.slots.total - self.slots.free) if self.slots else 0,
@@ -319,3 +435,14 @@ class CacheManager:
         stray += [sid for sid, _, _ in self._captures.values() if sid not in self._live]
         if stray:
             raise IntegrityError(f"restores/captures pending for sequences that hold no pages: {sorted(stray)}")
+        states = self.retained.states() if self.retained is not None else []
+        if self.tiers.arena is not None:
+            self.tiers.arena.check_integrity([off for st in states for off, _ in st.placement.extents]
+                                             + self._arena_holders())
+        disk = sum(st.placement.disk_bytes for st in states if st.tier == DISK)
+        if disk != self.tiers.disk_used:
+            raise IntegrityError(f"KV-disk: states hold {disk} bytes but {self.tiers.disk_used} are counted")
+
+    def _arena_holders(self) -> list[int]:
+        """Arena offsets held by evicted live sequences."""
+        return []

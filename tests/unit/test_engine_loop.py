@@ -14,7 +14,7 @@ from ignisd.cache.retained import RetainedStore
 from ignisd.cache.retained_state import Stamp
 from ignisd.cache.state_slots import StateSlots
 from ignisd.engine import Engine
-from ignisd.plan import ItemResult, RoundPlan
+from ignisd.plan import ItemResult, RoundPlan, RoundResult
 from ignisd.request import DoneEvent, ErrorEvent, FinishReason, Request, SamplingParams, TokenEvent
 from ignisd.scheduler import Scheduler
 
@@ -33,7 +33,7 @@ class FakeRunner:
         self.stop_at: dict[str, int] = {}      # seq id -> the position whose prediction is the stop token
         self.hooks: dict[int, object] = {}    # round index -> called in the worker thread during that round
 
-    def execute(self, plan: RoundPlan) -> list[ItemResult]:
+    def execute(self, plan: RoundPlan) -> RoundResult:
         self.plans.append(plan)
         hook = self.hooks.get(len(self.plans) - 1)
         if hook is not None:
@@ -45,7 +45,7 @@ class FakeRunner:
             pos = it.start + len(it.token_ids)
             tok = STOP if self.stop_at.get(it.seq_id) == pos else 500 + pos
             out.append(ItemResult(token_id=tok if it.sample else None))
-        return out
+        return RoundResult(out)
 
     def forget(self, rid: str) -> None:
         self.forgotten.append(rid)
