@@ -18,6 +18,7 @@ CONTROL_PLANE = [
     "ignisd.engine", "ignisd.edge", "ignisd.prompt", "ignisd.server", "ignisd.fronts.ndjson", "ignisd.unix_socket",
     "ignisd.cache.manager", "ignisd.cache.placement", "ignisd.cache.page_pool", "ignisd.cache.state_slots",
     "ignisd.cache.prefix_index", "ignisd.cache.retained", "ignisd.cache.retained_state", "ignisd.cache.kv_format",
+    "ignisd.cache.disk_format", "ignisd.cache.disk_store",
     "ignis_client.protocol", "ignis_client.divergence",
 ]
 STORAGE = {"kv_store.py", "state_store.py"}
