@@ -106,6 +106,8 @@ class Scheduler:
             adm = self.cache.admit(s.rid, req.prompt_ids, s.bound_tokens, reuse=reuse)
             if adm is None:
                 break  # strict rank order: a later request never overtakes one that is waiting for pages
+            if adm.wait_for is not None:
+                continue   # its match's KV-disk file is being read back: admitted once the bytes are in memory
             self.waiting.remove(s)
             s.pages, s.slot = list(adm.pages), adm.slot
             s.state = SeqState.PREFILL

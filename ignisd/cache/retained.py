@@ -294,7 +294,7 @@ class RetainedStore:
                 cand = None
             cand_state = self._states[cand.state_id] if cand is not None else None
         if hit is None:
-            return LookupResult(None, 0, REASON_STAMP if found else REASON_MISS, cand, cand_state)
+            return LookupResult(None, 0, REASON_STAMP if found and not good else REASON_MISS, cand, cand_state)
         s = self._states[hit.state_id]
         s.last_use = now
         if pin:
