@@ -130,7 +130,8 @@ class Daemon:
         self.scheduler = Scheduler(cache, lanes=cfg.server.lanes, context_tokens=context,
                                    prefill_chunk=cfg.server.prefill_chunk,
                                    round_prefill_tokens=cfg.server.round_prefill_tokens,
-                                   max_queue=cfg.server.max_queue, metrics=self.metrics)
+                                   max_queue=cfg.server.max_queue, metrics=self.metrics,
+                                   evict_window_pages=cfg.reuse.evict_window_pages)
         self.engine = Engine(self.scheduler, runner, self.metrics, disk=self.tier_setup.disk)
         self.metrics.set_pool(pages, 0, self.kv.page_bytes)
         model_info = {"name": spec.name, "arch": spec.arch, "kv_format": self.kv_format,

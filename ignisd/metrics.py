@@ -31,7 +31,8 @@ class Metrics:
     reuse_tokens_restored, reuse_captures (label kind), reuse_captures_skipped (label reason); the tokens prefilled
     are prefill_tokens. Tiers (DESIGN §4.5), label tier: tier_bytes_used, tier_bytes_total, tier_states (gauges),
     tier_demotions, tier_restores, tier_restore_bytes, tier_restore_seconds (counters); tier_disk_writes,
-    tier_disk_write_bytes, tier_disk_reads, tier_disk_read_bytes, tier_disk_errors (counters).
+    tier_disk_write_bytes, tier_disk_reads, tier_disk_read_bytes, tier_disk_errors (counters); live_evictions
+    (label how: moved / recomputed).
     """
 
     def __init__(self) -> None:
@@ -86,6 +87,11 @@ class Metrics:
                                             registry=r)
         self.tier_disk_errors = Counter("ignis_tier_disk_errors",
                                         "KV-disk faults (no space, I/O error, removed or corrupt file).", registry=r)
+        self.live_evictions = Counter("ignis_live_evictions",
+                                      "Running sequences preempted for a higher-ranked request, by how: moved "
+                                      "(to KV-RAM and restored) or recomputed.", ["how"], registry=r)
+        for how in ("moved", "recomputed"):
+            self.live_evictions.labels(how=how)
         for tier in ("device", "ram", "disk"):
             for m in (self.tier_demotions, self.tier_restores, self.tier_restore_bytes, self.tier_restore_seconds):
                 m.labels(tier=tier)
