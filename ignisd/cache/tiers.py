@@ -111,12 +111,13 @@ class Tiers:
         KV-disk, where the image travels with the pages. Whether it moved (False: drop it)."""
         return self._to_disk(mgr, s)
 
-    def _arena_room(self, mgr, nbytes: int) -> bool:
-        """Make an extent of `nbytes` allocatable: lowest-ranked unpinned KV-RAM retained states move to KV-disk,
-        or are dropped. Whether it now fits."""
+    def _arena_room(self, mgr, nbytes: int, below: tuple | None = None) -> bool:
+        """Make an extent of `nbytes` allocatable: lowest-ranked unpinned KV-RAM retained states (ranking below
+        `below` when given: a state never pushes out a higher-ranked one) move to KV-disk, or are dropped. Whether
+        it now fits."""
         store = mgr.retained
         while not self.arena.fits(nbytes):
-            w = store.victim(tier=RAM)
+            w = store.victim(tier=RAM, below=below) if store is not None else None
             if w is None:
                 return False
             if not self._to_disk(mgr, w):
@@ -128,7 +129,7 @@ class Tiers:
         if self.arena is None or self.arena.rounded(self.state_bytes(len(s.pages), False)) > self.arena.total_bytes:
             return False
         nbytes = self.state_bytes(len(s.pages), False)
-        if not self._arena_room(mgr, nbytes):
+        if not self._arena_room(mgr, nbytes, below=mgr.retained.rank(s)):
             return False
         off = self.arena.alloc(nbytes)
         self.moves.append(TierMove(MOVE_TO_RAM, s.id, pages=tuple(s.pages), dst_offset=off))
@@ -152,7 +153,7 @@ class Tiers:
         payload = self.state_bytes(n_pages, with_image)
         store = mgr.retained
         while not self.disk_fits(payload):
-            x = store.victim(tier=DISK)
+            x = store.victim(tier=DISK, below=store.rank(s))
             if x is None or self.disk_capacity < self.disk_foreign + payload + self.header_bytes:
                 return False
             store.drop(x.id)

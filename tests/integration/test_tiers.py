@@ -153,6 +153,8 @@ def test_restart_hits_kv_disk_and_a_corrupt_file_is_never_used(tiny_llama_dir, c
         assert r["ignis"]["reuse"]["tier"] in (None, "device") and r["text"] == want["text"]
         assert "kv_disk_index" in d.log() and "corrupt=" in d.log()
         assert not [f for f in kv.glob("*.ignkv") if f in files]     # the corrupt files were deleted
+        d.wait_idle()
+        assert "integrity_failed" not in d.log() and "Traceback" not in d.log()
     finally:
         assert d.stop() == 0
 
@@ -179,6 +181,7 @@ def test_a_full_or_failing_kv_disk_keeps_serving(start_daemon, tiny_llama_dir, c
         assert r["text"] == want["text"]
         st = d.wait_idle()
         assert st["kv_pool"]["pages_live"] == 0
+        assert "integrity_failed" not in d.log() and "Traceback" not in d.log()
         metrics = c.request({"id": "m", "op": "metrics"})["result"]["text"]
         errors = [ln for ln in metrics.splitlines() if ln.startswith("ignis_tier_disk_errors_total")]
         if mounted:
