@@ -220,9 +220,13 @@ class Server:
         finally:
             self.connections.discard(conn)
 
-    async def start(self, socket_path: str) -> None:
-        """Bind and listen on `socket_path` (the caller prepared the path and sets its mode)."""
-        self._server = await asyncio.start_unix_server(self._on_connect, path=socket_path, limit=1 << 20)
+    async def start(self, socket_path: str | None = None, sock=None) -> None:
+        """Serve on `sock` (a listening Unix socket: bound by ignisd.unix_socket.bind_socket, or passed by systemd),
+        or bind and listen on `socket_path` (the caller prepared the path and sets its mode)."""
+        if sock is not None:
+            self._server = await asyncio.start_unix_server(self._on_connect, sock=sock, limit=1 << 20)
+        else:
+            self._server = await asyncio.start_unix_server(self._on_connect, path=socket_path, limit=1 << 20)
 
     def stop_listening(self) -> None:
         """Accept no new connections (connections already open keep being served)."""
