@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable, Protocol
 from ignis_client import protocol as P
 
 from ignisd.config import Config
-from ignisd.edge import EdgeDone
+from ignisd.edge import EdgeDone, EdgeError
 from ignisd.health import Heartbeat
 from ignisd.log import get_logger
 from ignisd.systemd import Notifier
@@ -287,14 +287,26 @@ class ModelHost:
         load_ms = _LOAD_MS.get()
         edge = self.edge
         self.inflight += 1
+        counted = True
+
+        def ended() -> None:     # at the last event, not when the consumer closes the generator (maybe never)
+            nonlocal counted
+            if counted:
+                counted = False
+                self.inflight -= 1
+                self.last_active = time.monotonic()
+
         try:
             async for ev in edge.stream(gen):
-                if load_ms and isinstance(ev, EdgeDone):
-                    ev = replace(ev, timings=replace(ev.timings, load_ms=load_ms))
+                if isinstance(ev, EdgeDone):
+                    if load_ms:
+                        ev = replace(ev, timings=replace(ev.timings, load_ms=load_ms))
+                    ended()
+                elif isinstance(ev, EdgeError):
+                    ended()
                 yield ev
         finally:
-            self.inflight -= 1
-            self.last_active = time.monotonic()
+            ended()
 
     def cancel(self, rid, reason=None) -> bool:
         if self.current is None:

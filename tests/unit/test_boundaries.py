@@ -18,7 +18,8 @@ CONTROL_PLANE = [
     "ignisd.engine", "ignisd.edge", "ignisd.prompt", "ignisd.server", "ignisd.fronts.ndjson", "ignisd.unix_socket",
     "ignisd.cache.manager", "ignisd.cache.placement", "ignisd.cache.page_pool", "ignisd.cache.state_slots",
     "ignisd.cache.prefix_index", "ignisd.cache.retained", "ignisd.cache.retained_state", "ignisd.cache.kv_format",
-    "ignis_client.protocol", "ignis_client.divergence",
+    "ignis_client.protocol", "ignis_client.divergence", "ignis_client.status_view",
+    "ignisd.systemd", "ignisd.health", "ignisd.lifecycle", "ignisd.reload", "ignisd.progress", "ignisd.install_unit",
 ]
 STORAGE = {"kv_store.py", "state_store.py"}
 
