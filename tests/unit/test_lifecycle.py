@@ -194,10 +194,8 @@ def test_idle_unload_frees_the_model_and_the_next_request_loads_it_and_says_so()
 
         async def request():
             waited = await host.ready()
-            ev = None
-            async for ev in host.stream(req("r2")):
-                pass
-            return waited, ev
+            events = [ev async for ev in host.stream(req("r2"))]
+            return waited, events[-1]
 
         waited, done = await asyncio.create_task(request())
         assert host.loads == 2 and len(stacks) == 2 and not stacks[1].closed
