@@ -150,7 +150,7 @@ class Daemon:
         sched = host.current.engine.scheduler if host.current is not None else None
         log.info("stopping", running=len(sched.running) if sched else 0, waiting=len(sched.waiting) if sched else 0,
                  grace_s=self.cfg.server.shutdown_grace_s)
-        host._set(State.STOPPING)
+        host.begin_stop()
         self.server.stop_listening()
         await host.drain(self.cfg.server.shutdown_grace_s, self._hurry)
         await self.server.close()

@@ -9,8 +9,8 @@ a reload) it waits for it, and the wait is that request's ``timings.load_ms``. S
 
 * ``loading`` — reading the weights (at start, or for the first request after an idle unload);
 * ``ready`` — serving;
-* ``unloaded`` — freed after server.idle_unload_s without requests; the next request loads it again. Healthy:
-  nothing is wrong and the next request will be served;
+* ``unloaded`` — freed after server.idle_unload_s without requests (``unloading`` while the engine winds down);
+  the next request loads it again. Healthy: nothing is wrong and the next request will be served;
 * ``draining`` / ``reloading`` — a SIGHUP changed keys that need a reload: new requests wait, running ones finish
   (within server.shutdown_grace_s, then the rest are cancelled), then the model loads again;
 * ``stopping`` — SIGTERM: requests that arrive now get ``busy``.
@@ -46,6 +46,7 @@ class State(str, enum.Enum):
     LOADING = "loading"
     READY = "ready"
     UNLOADED = "unloaded"
+    UNLOADING = "unloading"
     DRAINING = "draining"
     RELOADING = "reloading"
     STOPPING = "stopping"
@@ -173,20 +174,22 @@ class ModelHost:
     async def unload(self, reason: str, next_state: State = State.UNLOADED) -> None:
         """Stop the engine and free the model and its pools; the state becomes `next_state` first (so ready()
         waits), and stays it."""
-        loaded = self.current
-        self._set(next_state)
+        loaded, task = self.current, self._engine_task
         if loaded is None:
+            self._set(next_state)
             return
-        self.current = None
+        # while the engine winds down, ready() waits (it must not start a load beside the model being freed)
+        self._set(State.UNLOADING if next_state is State.UNLOADED else next_state)
+        self.current, self._engine_task = None, None
         loaded.engine.stop()
-        if self._engine_task is not None:
-            await self._engine_task
-            self._engine_task = None
+        if task is not None:
+            await task
         loaded.close()
         if self.metrics is not None:
             self.metrics.set_pool(0, 0, 0)
             self.metrics.lanes_busy.set(0)
             self.metrics.queue_depth.set(0)
+        self._set(next_state)
         log.info("unloaded", reason=reason, model=self.model_info.get("name"))
 
     async def reload(self, cfg: Config, grace_s: float) -> bool:
@@ -216,6 +219,10 @@ class ModelHost:
                 log.error("load_failed", error=f"{type(e2).__name__}: {e2}")
         self.notifier.ready(self.status_line())
         return ok
+
+    def begin_stop(self) -> None:
+        """SIGTERM: from now on ready() answers `busy` and health says stopping; requests in flight go on."""
+        self._set(State.STOPPING)
 
     # ---- draining ----
     async def drain(self, grace_s: float, hurry: asyncio.Event | None = None) -> int:
@@ -336,7 +343,7 @@ class ModelHost:
         reason = None
         if self.state is State.READY:
             reason = self.heartbeat.stalled(self.busy())
-        elif self.state is State.UNLOADED:
+        elif self.state in (State.UNLOADED, State.UNLOADING):
             reason = f"load_failed: {self.load_error}" if self.load_error else None
         elif self.state in (State.LOADING, State.RELOADING):
             reason = "loading: the model is not loaded yet"

@@ -268,3 +268,23 @@ def test_drain_past_the_grace_cancels_what_is_left():
         await stop(host)
 
     asyncio.run(main())
+
+
+def test_a_request_during_the_unload_waits_for_it_then_loads_a_fresh_model():
+    async def main():
+        host, _, stacks = make_host()
+        await host.load("start")
+        unloading = asyncio.create_task(host.unload("idle for 1 s"))
+        await asyncio.sleep(0)
+        assert host.state is State.UNLOADING and host.health()["ok"]
+        waiter = asyncio.create_task(host.ready())
+        await asyncio.wait_for(unloading, 10)
+        await asyncio.wait_for(waiter, 10)
+        assert host.state is State.READY and host.loads == 2 and stacks[0].closed and not stacks[1].closed
+        assert host._engine_task is not None and not host._engine_task.done()    # the new engine's, not lost
+        done = [ev async for ev in host.stream(req("after"))][-1]
+        assert done.finish_reason is FinishReason.LENGTH
+        await stop(host)
+        assert host._engine_task is None
+
+    asyncio.run(main())
