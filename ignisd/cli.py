@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ignisd: unknown command {argv[0]!r}; the commands are `ignisd serve` and `ignisd install-unit`",
               file=sys.stderr)
         return 2
+    import signal
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)   # a reload sent while torch imports must not kill the start
     from ignisd.log import setup_logging, stderr_message
     try:
         cfg = parse_serve_args(argv[1:])

@@ -170,6 +170,8 @@ class Daemon:
         """Re-read the configuration and apply it (see ignisd.reload). A configuration that does not parse, or
         names a key file or group that cannot be used, is refused: nothing changes and the log says why."""
         async with self._reload_lock:
+            if self._stop.is_set():
+                return
             while self.host.state is State.LOADING and self.host.current is None and self.host.loads == 0:
                 await asyncio.sleep(0.05)          # the first load finishes first
             if self.argv is None:

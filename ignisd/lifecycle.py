@@ -155,7 +155,9 @@ class ModelHost:
         unloaded model is loaded now. Raises ProtocolError: busy while stopping, internal when the load failed."""
         t0 = time.monotonic()
         self.last_active = t0
+        waited = False
         while self.state is not State.READY:
+            waited = True
             if self.state is State.STOPPING:
                 raise P.ProtocolError("busy", "the daemon is shutting down", None)
             if self.state is State.UNLOADED:
@@ -166,14 +168,14 @@ class ModelHost:
                     raise P.ProtocolError("internal", f"the model failed to load: {self.load_error}", None) from None
                 continue
             await self._changed.wait()
-        waited = (time.monotonic() - t0) * 1e3 if time.monotonic() - t0 > 1e-4 else 0.0
+        ms = round((time.monotonic() - t0) * 1e3, 3) if waited else 0.0
         self.last_active = time.monotonic()
-        _LOAD_MS.set(round(waited, 3))
-        return waited
+        _LOAD_MS.set(ms)
+        return ms
 
     async def unload(self, reason: str, next_state: State = State.UNLOADED) -> None:
-        """Stop the engine and free the model and its pools; the state becomes `next_state` first (so ready()
-        waits), and stays it."""
+        """Stop the engine and free the model and its pools, then enter `next_state`. Meanwhile the state is
+        `unloading` (or `next_state` itself when that is not `unloaded`), so ready() waits."""
         loaded, task = self.current, self._engine_task
         if loaded is None:
             self._set(next_state)
