@@ -11,6 +11,8 @@ from ignis_client import protocol as P
 from ignisd.edge import Edge, EdgeDelta, EdgeDone, EdgeError, TokenLogprob, ToolCall, ToolCallPiece
 from ignisd.prompt import Reuse
 
+MODEL_OPS = frozenset({"chat", "completion", "tokenize", "detokenize"})   # ops that need the model loaded
+
 
 def logprob_entry(lp: TokenLogprob) -> dict:
     """A generated token's logprobs entry: token, token_id, logprob, top_logprobs [{token, token_id, logprob}]."""
@@ -83,6 +85,10 @@ class NdjsonFront:
         method = self._ops.get(op.op)
         if method is None:
             raise P.ProtocolError("unknown_op", f"unknown op {op.op!r}", "op")
+        if op.op in MODEL_OPS:
+            await self.edge.ready()     # waits while the model loads (the wait is the reply's timings.load_ms)
+            if conn.closed:             # the client left meanwhile: submit nothing for it
+                return
         await method(conn, op)
 
     async def _generate(self, conn, op, gen) -> None:
@@ -117,7 +123,7 @@ class NdjsonFront:
         await conn.send(P.result(op.id, {"cancelled": self.edge.cancel(conn.rids.get(op.target))}))
 
     async def health(self, conn, op) -> None:
-        """`health` → ok and the model's name."""
+        """`health` → ok, the model's name, and (from the daemon's host) state and the reason it is not ok."""
         await conn.send(P.result(op.id, self.edge.health()))
 
     async def status(self, conn, op) -> None:

@@ -22,6 +22,8 @@ CONTROL_PLANE = [
     "ignisd.cache.extents", "ignisd.cache.tiers", "ignisd.cache.disk_format", "ignisd.cache.disk_store",
     "ignisd.disk_traffic", "ignisd.cache.disk_states", "ignisd.cache.live_eviction", "ignisd.eviction",
     "ignis_client.protocol", "ignis_client.divergence",
+    "ignis_client.protocol", "ignis_client.divergence", "ignis_client.status_view",
+    "ignisd.systemd", "ignisd.health", "ignisd.lifecycle", "ignisd.reload", "ignisd.progress", "ignisd.install_unit",
 ]
 STORAGE = {"kv_store.py", "state_store.py", "host_arena.py", "transfer.py"}
 
