@@ -120,9 +120,10 @@ class Engine:
                 self._last_token_at[ev.rid] = now
             elif isinstance(ev, DoneEvent) and m is not None:
                 m.request_done(ev)     # TTFT, prompt / generation tokens, prefix-cache queries and hits
-        self._update_gauges()
+        self.update_gauges()
 
-    def _update_gauges(self) -> None:
+    def update_gauges(self) -> None:
+        """Set the gauges (pool, lanes, queue, tiers) from the scheduler and the cache now."""
         m = self.metrics
         if m is None:
             return
@@ -150,7 +151,7 @@ class Engine:
             self._apply_commands()
             self.disk.poll()
             if self.scheduler.idle():
-                self._update_gauges()
+                self.update_gauges()
                 if not checked:
                     try:
                         self.cache.check_integrity()
@@ -230,7 +231,7 @@ class Engine:
         """The `reset` op: drop every retained state (pinned ones when their restore lets go). Returns how many were
         freed now (0 with reuse off). Runs on the event loop, like schedule() and update()."""
         n = self.cache.reset()
-        self._update_gauges()
+        self.update_gauges()
         return n
 
     def status(self) -> dict:

@@ -188,7 +188,8 @@ class ModelStack:
                      ms=f"{(time.monotonic() - t0) * 1e3:.0f}")
         finally:
             engine.metrics = sched.metrics = self.metrics
-            engine.reset()                # the gauges in step again; nothing was retained (cache_prompt false)
+            engine.update_gauges()       # the gauges in step again; nothing was retained (cache_prompt false),
+            #                             and what KV-disk holds from before a restart must stay
 
     def close(self) -> None:
         """Drop the model, its pools and the engine's worker, and give the freed memory back to the system."""
