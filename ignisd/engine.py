@@ -186,6 +186,8 @@ class Engine:
             events = self.scheduler.update(plan, result.items)
             self.disk.written_out(result.snapshots)
             if self.metrics is not None:
+                for rs in plan.restores:
+                    self.metrics.tier_restores.labels(tier=rs.tier).inc()
                 for tier, (nbytes, seconds) in result.restored.items():
                     self.metrics.tier_restore_bytes.labels(tier=tier).inc(nbytes)
                     self.metrics.tier_restore_seconds.labels(tier=tier).inc(seconds)
@@ -204,12 +206,13 @@ class Engine:
         if self.disk.disk is None:
             return 0
         await self.disk.drain(max(0.0, deadline - asyncio.get_running_loop().time()))
+        pending = self.cache.plan_moves()       # moves decided but never run: their bytes must be in place first
         moves = self.cache.plan_flush()
-        if not moves:
+        if not moves and not pending:
             return 0
         loop = asyncio.get_running_loop()
         with ThreadPoolExecutor(max_workers=1, initializer=getattr(self.runner, "init_thread", None)) as ex:
-            result = await loop.run_in_executor(ex, self.runner.execute, RoundPlan((), (), tuple(moves)))
+            result = await loop.run_in_executor(ex, self.runner.execute, RoundPlan((), (), tuple(pending + moves)))
         n = await self.disk.flush(result.snapshots, deadline)
         log.info("kv_disk_flush", written=n, planned=len(moves))
         return n
