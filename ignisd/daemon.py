@@ -22,6 +22,7 @@ from ignisd.cache.state_store import StateStore
 from ignisd.config import Config
 from ignisd.edge import Edge
 from ignisd.engine import Engine
+from ignisd.fronts.http import HttpFront
 from ignisd.fronts.ndjson import NdjsonFront
 from ignisd.log import get_logger
 from ignisd.metrics import Metrics
@@ -75,8 +76,19 @@ class Daemon:
         spec = source.spec
         context = context_tokens(cfg, spec.context_tokens)
         pages = plan_pool_pages(cfg, fmt.bytes_per_token(spec), context, mem_available_bytes())
-        t0 = time.monotonic()
+        self._plan = (api_key, fmt, where, source, context, pages)
         torch.set_num_threads(cfg.effective_threads())
+        self.http = None
+        if cfg.server.http_listen:   # listens before the load: /health says 503 while the model loads
+            self.http = HttpFront(api_key=api_key, strip_billing_header=cfg.server.strip_billing_header,
+                                  max_body_bytes=cfg.server.max_line_bytes)
+
+    def _load(self) -> None:
+        """Load the weights and build tokenizer, pools, engine, edge and socket server (in a worker thread: the
+        event loop keeps answering HTTP meanwhile). Raises StartupError when the weights cannot be loaded."""
+        cfg = self.cfg
+        api_key, fmt, where, source, context, pages = self._plan
+        t0 = time.monotonic()
         try:
             self.loaded = load_model(source)
         except Exception as e:  # any failure reading the weights (safetensors, gguf, shapes) is a load failure
@@ -130,6 +142,8 @@ class Daemon:
         self.server = Server(NdjsonFront(self.edge), max_line_bytes=cfg.server.max_line_bytes,
                              max_inflight=cfg.server.max_inflight_per_connection, api_key=api_key,
                              metrics=self.metrics)
+        if self.http is not None:
+            self.http.metrics = self.metrics
         log.info("vram_plan", model=spec.name, model_bytes=self.loaded.weight_bytes, kv_format=self.kv_format,
                  page_bytes=self.kv.page_bytes, kv_pool_pages=pages, kv_pool_tokens=pages * PAGE_TOKENS,
                  kv_pool_bytes=self.kv.nbytes, state_bytes=state_bytes,
@@ -139,9 +153,9 @@ class Daemon:
                  load_ms=f"{(time.monotonic() - t0) * 1e3:.0f}")
 
     async def run(self) -> None:
-        """Serve until SIGTERM/SIGINT; then stop accepting, give running requests server.shutdown_grace_s to
-        finish (a second signal ends the wait), cancel what is left (each ends with a `done` reply, finish_reason
-        cancelled), and remove the socket."""
+        """Load the model (the HTTP listener, when configured, answers meanwhile), then serve until SIGTERM/SIGINT;
+        then stop accepting, give running requests server.shutdown_grace_s to finish (a second signal ends the
+        wait), cancel what is left (each ends with a `done` reply, finish_reason cancelled), and remove the socket."""
         loop = asyncio.get_running_loop()
         stop, hurry = asyncio.Event(), asyncio.Event()
 
@@ -150,6 +164,16 @@ class Daemon:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
+        if self.http is not None:
+            await self.http.start(self.cfg.server.http_listen, self.cfg.server.socket_mode, self.socket_gid)
+        try:
+            await loop.run_in_executor(None, self._load)
+        except BaseException:
+            if self.http is not None:
+                await self.http.close()
+            raise
+        if self.http is not None:
+            self.http.attach(self.edge)
         path = self.cfg.server.socket
         prepare_socket(path)
         engine_task = asyncio.create_task(self.engine.run())
@@ -165,6 +189,8 @@ class Daemon:
         srv_log.info("stopping", running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
                      grace_s=self.cfg.server.shutdown_grace_s)
         self.server.stop_listening()
+        if self.http is not None:
+            await self.http.stop_listening()
         deadline = loop.time() + self.cfg.server.shutdown_grace_s
         while not self.scheduler.idle() and loop.time() < deadline and not hurry.is_set():
             await asyncio.sleep(0.05)
@@ -174,6 +200,8 @@ class Daemon:
             while not self.scheduler.idle() and loop.time() < deadline:
                 await asyncio.sleep(0.02)
         await self.server.close()
+        if self.http is not None:
+            await self.http.close()
         self.engine.stop()
         await engine_task
         Path(path).unlink(missing_ok=True)
