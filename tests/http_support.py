@@ -7,6 +7,7 @@ import asyncio
 import re
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import anthropic
@@ -15,6 +16,8 @@ import openai
 import orjson
 
 from ignisd.request import DoneEvent, ErrorEvent, FinishReason, ReuseInfo, TokenEvent
+
+HTTP_KEY = "sk-ignis-test-key"   # the key of the http_llama_keyed daemon (tests/conftest.py)
 
 
 def http_addr(d) -> str:
@@ -48,6 +51,41 @@ def anthropic_client(addr: str, key: str = "none") -> anthropic.Anthropic:
     base, transport = _split(addr)
     hc = httpx2.Client(transport=transport, timeout=120) if transport else None
     return anthropic.Anthropic(base_url=base, api_key=key, max_retries=0, http_client=hc)
+
+
+def status(d, key: str | None = None) -> dict:
+    """The `status` op of daemon `d` over its socket (with `key` when it has one)."""
+    c = d.conn()
+    try:
+        return c.request({"id": "st", "op": "status", **({"api_key": key} if key else {})})["result"]
+    finally:
+        c.close()
+
+
+def wait_idle(d, key: str | None = None, timeout: float = 60.0) -> dict:
+    """Wait until daemon `d` runs and queues nothing and holds no live page (as DaemonProc.wait_idle, with a key)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = status(d, key)
+        kv = st["kv_pool"]
+        if not st["requests"] and kv["pages_live"] == 0 and kv["pages_free"] + kv["pages_retained"] == \
+                kv["pages_total"]:
+            return st
+        if time.monotonic() > deadline:
+            raise AssertionError(f"daemon did not return to idle: {st}")
+        time.sleep(0.05)
+
+
+def done_line(d, rid: str) -> dict:
+    """The fields of daemon `d`'s `done` log line for request `rid` (waits up to 30 s for it)."""
+    deadline = time.monotonic() + 30
+    while True:
+        for line in d.log().splitlines():
+            if " done " in line and f" id={rid} " in line:
+                return dict(kv.split("=", 1) for kv in line.split()[3:] if "=" in kv)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no done line for {rid}:\n{d.log()[-3000:]}")
+        time.sleep(0.05)
 
 
 def sse(raw: bytes | str) -> list[tuple[str | None, object]]:
