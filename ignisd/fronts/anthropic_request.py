@@ -171,9 +171,10 @@ def _tools(body: dict) -> list[dict] | None:
         schema = t.get("input_schema", {"type": "object", "properties": {}})
         if not isinstance(schema, dict):
             raise _bad(f"tools[{i}].input_schema", "must be a JSON schema object")
-        fn = {"name": t["name"], "parameters": schema}
+        fn = {"name": t["name"]}   # OpenAI's key order: the template prints the tool as JSON, in this order
         if isinstance(t.get("description"), str):
             fn["description"] = t["description"]
+        fn["parameters"] = schema
         out.append({"type": "function", "function": fn})
     return out or None
 

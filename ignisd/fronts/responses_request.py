@@ -143,9 +143,10 @@ def _tools(body: dict) -> list[dict] | None:
             continue
         if not isinstance(t.get("name"), str) or not t["name"]:
             raise _bad(f"tools[{i}].name", "required (a string)")
-        fn = {"name": t["name"], "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
+        fn = {"name": t["name"]}   # OpenAI's key order: the template prints the tool as JSON, in this order
         if isinstance(t.get("description"), str):
             fn["description"] = t["description"]
+        fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
         out.append({"type": "function", "function": fn})
     return out or None
 
