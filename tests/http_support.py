@@ -113,15 +113,18 @@ class ScriptedEngine:
     def __init__(self, tok):
         self.tok = tok
         self.text, self.cached, self.error, self.finish = "", 0, None, FinishReason.STOP
+        self.error_after: int | None = None   # tokens sent before `error` (None: the error comes first)
         self.submitted, self.cancels = [], []
 
     def submit(self, req):
         self.submitted.append(req)
         q = asyncio.Queue()
+        ids = self.tok.encode(self.text)
         if self.error:
+            for t in ids[:self.error_after or 0]:
+                q.put_nowait(TokenEvent(req.rid, t))
             q.put_nowait(ErrorEvent(req.rid, *self.error))
             return q
-        ids = self.tok.encode(self.text)
         for t in ids:
             q.put_nowait(TokenEvent(req.rid, t))
         n = len(req.prompt_ids)
@@ -146,11 +149,13 @@ class ScriptedEngine:
 class InProcess:
     """An HttpFront served on a Unix socket from a thread with its own event loop; `addr` is "unix:/path"."""
 
-    def __init__(self, edge=None, api_key: str | None = None, strip_billing_header: bool = True):
+    def __init__(self, edge=None, api_key: str | None = None, strip_billing_header: bool = True,
+                 max_body_bytes: int = 16 * 2**20):
         from ignisd.fronts.http import HttpFront
         self.dir = Path(tempfile.mkdtemp(prefix="ignis-http-"))
         self.addr = f"unix:{self.dir / 'http.sock'}"
-        self.front = HttpFront(api_key=api_key, strip_billing_header=strip_billing_header)
+        self.front = HttpFront(api_key=api_key, strip_billing_header=strip_billing_header,
+                               max_body_bytes=max_body_bytes)
         if edge is not None:
             self.front.attach(edge)
         self.loop = asyncio.new_event_loop()

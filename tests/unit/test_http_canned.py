@@ -53,6 +53,7 @@ def served(tok):
 def srv(served):
     srv, engine = served
     engine.text, engine.cached, engine.error, engine.finish = "", 0, None, FinishReason.STOP
+    engine.error_after = None
     return srv, engine
 
 
@@ -166,6 +167,37 @@ def test_engine_refusals_keep_their_status(srv):
     err = e.value.body["error"]
     assert err["type"] == "invalid_request_error" and err["ignis"] == {"code": "context_length",
                                                                        "field": "max_tokens"}
+
+
+def test_an_error_after_the_stream_began_is_in_the_stream(srv):
+    """A failure once the response has started (a forward pass that failed) is written in each API's stream shape:
+    the SDKs raise it."""
+    s, engine = srv
+    engine.text, engine.error, engine.error_after = "</think>\n\nHello there friend", ("internal", "boom", None), 4
+    with pytest.raises(openai.APIError, match="boom"):
+        list(openai_client(s.addr).chat.completions.create(model="m", messages=USER, stream=True))
+    with pytest.raises(anthropic.APIStatusError, match="boom"):
+        with anthropic_client(s.addr).messages.stream(model="m", max_tokens=8, messages=USER) as st:
+            list(st)
+    evs = sse(http(s.addr).post("/v1/responses", json={"input": "hi", "stream": True}).content)
+    assert evs[-1][0] == "response.failed" and evs[-1][1]["response"]["error"] == {"code": "internal",
+                                                                                  "message": "boom"}
+
+
+def test_a_body_over_the_limit_is_413(tok):
+    engine = ScriptedEngine(tok)
+    s = InProcess(Edge(engine, tok, ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token),
+                       model_info={"name": "q"}, context_tokens=4096, default_max_tokens=8,
+                       developer_policy="into-system", output_family="qwen3_5"), max_body_bytes=4096)
+    try:
+        big = {"messages": [{"role": "user", "content": "x" * 5000}]}
+        r = http(s.addr).post("/v1/chat/completions", json=big)
+        assert (r.status_code, r.json()["error"]["code"]) == (413, "too_long")
+        r = http(s.addr).post("/v1/messages", json={"max_tokens": 4, **big})
+        assert (r.status_code, r.json()["error"]["type"]) == (413, "request_too_large")
+        assert not engine.submitted
+    finally:
+        s.close()
 
 
 def test_health_is_503_until_the_model_is_loaded(tok):
