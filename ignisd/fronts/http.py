@@ -57,16 +57,17 @@ class HttpFront:
         """The aiohttp application with every route (tests serve it directly)."""
         app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._not_found])
         oa, an, rs = openai.OpenAIFront(self), anthropic.AnthropicFront(self), responses.ResponsesFront(self)
-        routes = [("POST", "/v1/chat/completions", oa.chat, openai.error), ("POST", "/v1/completions", oa.completion,
-                                                                             openai.error),
-                  ("GET", "/v1/models", oa.models, openai.error), ("GET", "/v1/models/{model}", oa.model, openai.error),
+        routes = [("POST", "/v1/chat/completions", oa.chat, openai.error),
+                  ("POST", "/v1/completions", oa.completion, openai.error),
+                  ("GET", "/v1/models", oa.models, openai.error),
+                  ("GET", "/v1/models/{model}", oa.model, openai.error),
                   ("POST", "/v1/messages", an.messages, anthropic.error),
                   ("POST", "/v1/messages/count_tokens", an.count_tokens, anthropic.error),
-                  ("POST", "/v1/responses", rs.responses, openai.error)]
+                  ("POST", "/v1/responses", rs.responses, openai.error),
+                  ("GET", "/metrics", self.metrics_text, openai.error)]
         for method, path, fn, err in routes:
             app.router.add_route(method, path, self._guard(fn, err))
         app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self._guard(self.metrics_text, openai.error))
         return app
 
     def _guard(self, fn, error):

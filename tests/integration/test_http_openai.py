@@ -48,6 +48,11 @@ def test_chat_matches_the_socket(http_llama):
             usage = ch.usage
     assert (text, finish) == (want["text"], "length")
     assert (usage.prompt_tokens, usage.completion_tokens, usage.prompt_tokens_details.cached_tokens) == (n, 8, 0)
+    r = c.chat.completions.create(model="m", messages=msgs, max_tokens=8, temperature=0, logprobs=True,
+                                  top_logprobs=2, extra_body={"cache_prompt": False})
+    lp = r.choices[0].logprobs.content
+    assert len(lp) == 8 and all(len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.logprob for t in lp)
+    assert "".join(t.token for t in lp) == want["text"]
     assert [m.id for m in c.models.list().data] == [sock(d, {"op": "status"})["result"]["model"]["name"]]
     wait_idle(d)
 

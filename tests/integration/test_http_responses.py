@@ -134,3 +134,17 @@ def test_probe_and_previous_response_id(http_qwen):
     r = h.post("/v1/responses", json={"model": "m", "input": "hi", "max_output_tokens": 0})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_output_tokens"
     wait_idle(http_qwen)
+
+
+def test_refusals_name_the_input_item(http_llama):
+    """SmolLM2's template renders no tool calls: a function_call item is refused naming that item (the socket
+    names the same message as messages[1].tool_calls)."""
+    h = http(http_addr(http_llama))
+    body = {"input": [{"role": "user", "content": "hi"},
+                      {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                      {"type": "function_call_output", "call_id": "c", "output": "r"}]}
+    r = h.post("/v1/responses", json=body)
+    err = r.json()["error"]
+    assert (r.status_code, err["code"], err["param"]) == (400, "model_unsupported", "input[1].tool_calls")
+    r = h.post("/v1/responses", json={"input": "hi", "tools": [SHELL]})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "tools")
