@@ -16,7 +16,8 @@ its messages, the Responses path it came from (``instructions``, ``input[4]``) f
   …) is ignored with a log line. ``tool_choice`` auto / none / required / ``{"type": "function", "name"}``.
 * ``max_output_tokens`` → max_tokens; temperature, top_p, stream as they are; ``reasoning.effort`` none or minimal
   → the template's ``enable_thinking`` false; the ignis fields priority, cache_prompt, seed, top_k, min_p and
-  chat_template_kwargs pass through. ``previous_response_id`` is refused: ignis keeps no response store.
+  chat_template_kwargs pass through. ``previous_response_id`` is refused: ignis keeps no response store. A
+  ``text.format`` other than text (structured output) is ignored with a log line.
 
 Raises ProtocolError naming the Responses field. †: imports no torch.
 """
@@ -197,6 +198,9 @@ def to_chat(body: dict) -> tuple[dict, list[str]]:
         chat["tools"] = tools
     if (tc := _tool_choice(body.get("tool_choice"))) is not None:
         chat["tool_choice"] = tc
+    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    if isinstance(fmt, dict) and fmt.get("type", "text") != "text":   # no constrained decoding in this build
+        log.info("text_format_ignored", api="responses", type=str(fmt.get("type"))[:64])
     kwargs = body.get("chat_template_kwargs")
     effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
     if effort in ("none", "minimal"):
