@@ -12,13 +12,16 @@ kept-alive connection with a minimal client (raw asyncio streams: no SDK cost is
 round-robin so drift hits them alike.
 
 Prints, per front: the median and p90 of the request latency (send → last byte) with one stream at a time, the same
-under --concurrency streams at once (each stream its own connection, --per-stream requests each), and the added
-median over the socket's. Aim (issue 12): added <= 2 ms at the median.
+under --concurrency streams at once (each stream its own connection, --per-stream requests each, --rounds phases
+per front interleaved with the other fronts'), and the added median over the socket's; and the daemon's CPU time
+per request of each front (its /proc utime + stime over --requests requests), which a busy machine does not skew.
+Aim (issue 12): added <= 2 ms at the median.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import statistics
 import sys
@@ -95,6 +98,24 @@ async def sequential(clients: dict, n: int) -> dict[str, list[float]]:
     return out
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process `pid` has used so far, all threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def cpu_per_request(clients: dict, pid: int, n: int) -> dict[str, float]:
+    """The daemon's CPU time per request of each front (ms), each front's requests in one block: unlike latency it
+    does not depend on what else the machine runs."""
+    out = {}
+    for f, c in clients.items():
+        t0 = cpu_s(pid)
+        for _ in range(n):
+            await c.ask()
+        out[f] = 1e3 * (cpu_s(pid) - t0) / n
+    return out
+
+
 async def concurrent(make, front: str, streams: int, per_stream: int) -> list[float]:
     clients = [make(front) for _ in range(streams)]
     for c in clients:
@@ -124,13 +145,18 @@ async def run(d: DaemonProc, host: str, port: int, args) -> None:
         await c.open()
         await c.ask()   # warm-up: the first request leaves the checkpoint every later one resumes from
     seq = await sequential(clients, args.requests)
-    conc = {f: await concurrent(make, f, args.concurrency, args.per_stream) for f in FRONTS}
+    cpu = await cpu_per_request(clients, d.proc.pid, args.requests)
+    conc = {f: [] for f in FRONTS}
+    for _ in range(args.rounds):   # the concurrent phases interleaved too: a busy moment of the machine hits all
+        for f in FRONTS:
+            conc[f] += await concurrent(make, f, args.concurrency, args.per_stream)
     base_s, base_c = ms(seq["socket"]), ms(conc["socket"])
     print(f"{'front':<10} {'median ms':>10} {'p90 ms':>8} {'added ms':>9}   "
-          f"{'x' + str(args.concurrency) + ' median':>11} {'p90':>7} {'added':>7}")
+          f"{'x' + str(args.concurrency) + ' median':>11} {'p90':>7} {'added':>7}   {'cpu ms/req':>10} {'added':>7}")
     for f in FRONTS:
         print(f"{f:<10} {ms(seq[f]):>10.3f} {ms(seq[f], 0.9):>8.3f} {ms(seq[f]) - base_s:>9.3f}   "
-              f"{ms(conc[f]):>11.3f} {ms(conc[f], 0.9):>7.3f} {ms(conc[f]) - base_c:>7.3f}")
+              f"{ms(conc[f]):>11.3f} {ms(conc[f], 0.9):>7.3f} {ms(conc[f]) - base_c:>7.3f}   "
+              f"{cpu[f]:>10.3f} {cpu[f] - cpu['socket']:>7.3f}")
 
 
 def main() -> None:
@@ -138,7 +164,8 @@ def main() -> None:
     ap.add_argument("--model", help="model path (default: the tests' tiny random Llama)")
     ap.add_argument("--requests", type=int, default=200, help="timed requests per front, one at a time")
     ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--per-stream", type=int, default=25, help="requests per concurrent stream")
+    ap.add_argument("--per-stream", type=int, default=10, help="requests per concurrent stream and round")
+    ap.add_argument("--rounds", type=int, default=5, help="concurrent phases per front, interleaved")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ignis-bench-fronts-"))
@@ -148,8 +175,8 @@ def main() -> None:
                     "--server-http-listen", "127.0.0.1:0"], tmp)
     try:
         host, port = re.search(r"http_listening addr=(\S+):(\d+)", d.log()).groups()
-        print(f"model {model}; {args.requests} sequential requests per front; {args.concurrency} streams x "
-              f"{args.per_stream} requests concurrent; max_tokens 1, fully cached")
+        print(f"model {model}; {args.requests} sequential requests per front; {args.rounds} rounds of "
+              f"{args.concurrency} streams x {args.per_stream} requests concurrent; max_tokens 1, fully cached")
         asyncio.run(run(d, host, int(port), args))
     finally:
         d.stop()

@@ -145,10 +145,12 @@ async def answer(request: web.Request, edge: Edge, gen: Generation, r) -> web.St
             if isinstance(ev, EdgeError):
                 return r.error(STATUS.get(ev.code, 500), ev.code, ev.message, ev.field)
             return web.Response(body=dumps(r.final(ev)), content_type="application/json")
-        try:
-            await asyncio.wait_for(run.started.wait(), FIRST_EVENT_WAIT_S)
-        except TimeoutError:
-            pass
+        if not run.started.is_set():
+            try:
+                async with asyncio.timeout(FIRST_EVENT_WAIT_S):
+                    await run.started.wait()
+            except TimeoutError:
+                pass
         first = run.first
         if isinstance(first, EdgeError):
             await run.next()
