@@ -21,18 +21,20 @@ from ignisd.cache.state_slots import StateSlots
 from ignisd.cache.state_store import StateStore
 from ignisd.config import Config
 from ignisd.edge import Edge
+from ignisd.cache import transfer
 from ignisd.engine import Engine
 from ignisd.fronts.http import HttpFront
 from ignisd.fronts.ndjson import NdjsonFront
 from ignisd.log import get_logger
 from ignisd.metrics import Metrics
 from ignisd.model.loader import load_model, open_model
-from ignisd.preflight import (StartupError, choose_kv_format, context_tokens, mem_available_bytes, plan_pool_pages,
-                              read_api_key)
+from ignisd.preflight import (StartupError, check_arena, choose_kv_format, context_tokens, mem_available_bytes,
+                              plan_pool_pages, read_api_key)
 from ignisd.runner import Runner
 from ignisd.scheduler import Scheduler
 from ignisd.server import Server
 from ignisd.text.chat_template import ChatTemplate
+from ignisd.tier_setup import build_tiers, index_disk, measure_prefill
 from ignisd.text.tokenizer import Tokenizer
 from ignisd.unix_socket import prepare_socket, socket_gid
 from ignisd.vocab import PAGE_TOKENS
@@ -75,7 +77,9 @@ class Daemon:
             raise StartupError(f"model.path {where}: cannot load: {e}") from None
         spec = source.spec
         context = context_tokens(cfg, spec.context_tokens)
-        pages = plan_pool_pages(cfg, fmt.bytes_per_token(spec), context, mem_available_bytes())
+        mem = mem_available_bytes()
+        pages = plan_pool_pages(cfg, fmt.bytes_per_token(spec), context, mem)
+        check_arena(cfg, mem)
         self._plan = (api_key, fmt, where, source, context, pages)
         torch.set_num_threads(cfg.effective_threads())
         self.http = None
@@ -124,13 +128,23 @@ class Daemon:
             retained = RetainedStore(Stamp(spec.structural_hash(), self.kv_format), page_tokens=PAGE_TOKENS,
                                      device_slots=StateSlots(dev_n), host_slots=StateSlots(host_n),
                                      needs_slot=bool(state_buffers), interactive_ttl=rc.retained_interactive_ttl)
-        cache = CacheManager(pool, self.kv.page_bytes, slots=slots, state_bytes=state_bytes, retained=retained)
+        runner = Runner(self.loaded.model, self.kv, self.states, retained_states)
+        try:
+            self.tier_setup = build_tiers(cfg, self.kv.page_bytes, fmt.bytes_per_token(spec),
+                                          transfer.image_layout(self.states) if self.states is not None else (),
+                                          measure_prefill(runner, self.kv, self.states))
+        except OSError as e:
+            raise StartupError(f"kv.disk_dir {cfg.kv.disk_dir!r}: {e}", exit_code=2) from None
+        runner.arena = self.tier_setup.arena
+        cache = CacheManager(pool, self.kv.page_bytes, slots=slots, state_bytes=state_bytes, retained=retained,
+                             tiers=self.tier_setup.tiers)
+        disk_found = index_disk(self.tier_setup, retained)
         self.scheduler = Scheduler(cache, lanes=cfg.server.lanes, context_tokens=context,
                                    prefill_chunk=cfg.server.prefill_chunk,
                                    round_prefill_tokens=cfg.server.round_prefill_tokens,
-                                   max_queue=cfg.server.max_queue, metrics=self.metrics)
-        self.engine = Engine(self.scheduler, Runner(self.loaded.model, self.kv, self.states, retained_states),
-                             self.metrics)
+                                   max_queue=cfg.server.max_queue, metrics=self.metrics,
+                                   evict_window_pages=cfg.reuse.evict_window_pages)
+        self.engine = Engine(self.scheduler, runner, self.metrics, disk=self.tier_setup.disk)
         self.metrics.set_pool(pages, 0, self.kv.page_bytes)
         model_info = {"name": spec.name, "arch": spec.arch, "kv_format": self.kv_format,
                       "context_tokens": context, "page_tokens": PAGE_TOKENS, "page_bytes": self.kv.page_bytes,
@@ -148,7 +162,8 @@ class Daemon:
                  page_bytes=self.kv.page_bytes, kv_pool_pages=pages, kv_pool_tokens=pages * PAGE_TOKENS,
                  kv_pool_bytes=self.kv.nbytes, state_bytes=state_bytes,
                  live_state_bytes=self.states.nbytes if self.states is not None else 0,
-                 retained_slot_bytes=retained_bytes, reuse_prompt=rc.prompt,
+                 retained_slot_bytes=retained_bytes, reuse_prompt=rc.prompt, **self.tier_setup.info,
+                 kv_disk_found=disk_found.get("usable", 0),
                  context_tokens=context, lanes=cfg.server.lanes,
                  load_ms=f"{(time.monotonic() - t0) * 1e3:.0f}")
 
@@ -204,5 +219,7 @@ class Daemon:
             await self.http.close()
         self.engine.stop()
         await engine_task
+        if not hurry.is_set():       # KV-disk on: retained states outlive the process (within the grace left)
+            await self.engine.flush_to_disk(max(deadline, loop.time() + 1.0))
         Path(path).unlink(missing_ok=True)
         srv_log.info("stopped")
