@@ -59,7 +59,8 @@ def test_an_address_in_use_stops_the_start(tiny_llama_dir, tmp_path):
         port = s.getsockname()[1]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         r = subprocess.run([sys.executable, "-m", "ignisd", "serve", "--model", str(tiny_llama_dir), "--socket",
-                            str(tmp_path / "s.sock"), "--server-http-listen", f"127.0.0.1:{port}"],
+                            str(tmp_path / "s.sock"), "--server-http-listen", f"127.0.0.1:{port}",
+                            "--reuse-kv-host-pool-bytes", "32M"],
                            capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert r.returncode == 2, r.stderr
     assert f"server.http_listen 127.0.0.1:{port}: cannot listen" in r.stderr
