@@ -21,6 +21,7 @@ import signal
 from pathlib import Path
 
 from ignisd.config import Config, ConfigError, parse_serve_args
+from ignisd.fronts.http import HttpFront
 from ignisd.fronts.ndjson import NdjsonFront
 from ignisd.health import Heartbeat
 from ignisd.lifecycle import ModelHost, State
@@ -62,9 +63,11 @@ class Daemon:
         self.heartbeat = Heartbeat(self.notifier)
         self.host = ModelHost(cfg, self._load, heartbeat=self.heartbeat, notifier=self.notifier,
                               metrics=self.metrics, model_info=self._plan.model_info())
+        self._api_key = self._plan.api_key
         self.server = Server(NdjsonFront(self.host), max_line_bytes=cfg.server.max_line_bytes,
-                             max_inflight=cfg.server.max_inflight_per_connection, api_key=self._plan.api_key,
+                             max_inflight=cfg.server.max_inflight_per_connection, api_key=self._api_key,
                              metrics=self.metrics)
+        self.http: HttpFront | None = None
         self.socket_path = cfg.server.socket
         self.metrics_listener: MetricsListener | None = None
         self._reload_lock = asyncio.Lock()
@@ -113,6 +116,8 @@ class Daemon:
             monitor.cancel()
             if self.metrics_listener is not None:
                 self.metrics_listener.close()
+            if self.http is not None:
+                await self.http.close()
             self._remove_socket()
 
     async def _listen(self) -> None:
@@ -123,9 +128,12 @@ class Daemon:
         else:
             self.socket_path = sock.getsockname() or "(inherited)"
         await self.server.start(sock=sock)
-        if "http" in self.listeners:
-            log.warning("inherited_socket_unused", name="http", reason="this build has no HTTP front")
-            self.listeners.pop("http").close()
+        inherited_http = self.listeners.pop("http", None)
+        if cfg.http_listen or inherited_http is not None:   # HTTP fronts on the same loop, over the model host
+            self.http = HttpFront(api_key=self._api_key, strip_billing_header=cfg.strip_billing_header,
+                                  max_body_bytes=cfg.max_line_bytes, metrics=self.metrics)
+            self.http.attach(self.host)
+            await self.http.start(cfg.http_listen or "", cfg.socket_mode, self.socket_gid, sock=inherited_http)
         if cfg.metrics_listen:
             try:
                 self.metrics_listener = MetricsListener(self.metrics, cfg.metrics_listen)
@@ -152,8 +160,12 @@ class Daemon:
                  grace_s=self.cfg.server.shutdown_grace_s)
         host.begin_stop()
         self.server.stop_listening()
+        if self.http is not None:
+            await self.http.stop_listening()
         await host.drain(self.cfg.server.shutdown_grace_s, self._hurry)
         await self.server.close()
+        if self.http is not None:
+            await self.http.close()
         if self._hurry.is_set():     # a second signal: do not wait for a long round to end
             done, _ = await asyncio.wait({asyncio.ensure_future(host.unload("stop", State.STOPPING))}, timeout=1)
             if not done:

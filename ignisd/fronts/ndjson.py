@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ignis_client import protocol as P
 
-from ignisd.edge import Edge, EdgeDelta, EdgeDone, EdgeError, TokenLogprob, ToolCall, ToolCallPiece
+from ignisd.edge import Edge, EdgeDelta, EdgeDone, EdgeError, Timings, TokenLogprob, ToolCall, ToolCallPiece
 from ignisd.prompt import Reuse
 
 MODEL_OPS = frozenset({"chat", "completion", "tokenize", "detokenize"})   # ops that need the model loaded
@@ -53,13 +53,18 @@ def delta_reply(rid: str, ev: EdgeDelta) -> dict:
                    tool_calls=[tool_call_piece(p) for p in ev.tool_calls] if ev.tool_calls else None)
 
 
+def timings_object(t: Timings) -> dict:
+    """The `timings` object, rounded: ms to 3 decimals, rates to 2."""
+    return P.timings(queue_ms=round(t.queue_ms, 3), load_ms=t.load_ms, ttft_ms=round(t.ttft_ms, 3),
+                     prefill_tokens_per_s=round(t.prefill_tokens_per_s, 2),
+                     decode_tokens_per_s=round(t.decode_tokens_per_s, 2))
+
+
 def done_reply(rid: str, ev: EdgeDone) -> dict:
     """The `done` line: usage, timings (rounded: ms to 3 decimals, rates to 2), ignis.reuse, and the chat message,
     logprobs and prompt_logprobs when present."""
-    u, t = ev.usage, ev.timings
-    timings = P.timings(queue_ms=round(t.queue_ms, 3), load_ms=t.load_ms, ttft_ms=round(t.ttft_ms, 3),
-                        prefill_tokens_per_s=round(t.prefill_tokens_per_s, 2),
-                        decode_tokens_per_s=round(t.decode_tokens_per_s, 2))
+    u = ev.usage
+    timings = timings_object(ev.timings)
     message = None
     if ev.message is not None:
         m = ev.message
