@@ -93,9 +93,9 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_stop)
         loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
-        await self._listen()
         monitor = asyncio.create_task(self.host.monitor())
         try:
+            await self._listen()
             loading = asyncio.create_task(self.host.load("start"))
             stopping = asyncio.create_task(self._stop.wait())
             await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -78,9 +78,11 @@ class HttpFront:
                 if self.edge is None:
                     raise HttpError(503, "unavailable", "the model is loading; retry when GET /health answers 200")
                 self.check_auth(request)
+                if request.path != "/metrics" and self._loading():
+                    raise HttpError(503, "unavailable", "the model is loading; retry when GET /health answers 200")
                 ready = getattr(self.edge, "ready", None)
                 if ready is not None and request.path != "/metrics":
-                    await ready()
+                    await ready()               # an idle-unloaded model loads again for this request
                 return await fn(request)
             except HttpError as e:
                 return self.refuse(error, e.status, e.code, e.message, e.field)
@@ -120,9 +122,14 @@ class HttpFront:
                                   "api_key")
 
     # ---- health and metrics ----
+    def _loading(self) -> bool:
+        """The daemon's first load (or a reload) is in progress: HTTP requests get 503, as /health says."""
+        health = getattr(self.edge, "health", None)
+        return health is not None and health().get("state") in ("loading", "reloading")
+
     async def health(self, request: web.Request) -> web.Response:
         """503 while loading or unhealthy, 200 {"status": "ok"} when ready; never needs the key."""
-        if self.edge is None:
+        if self.edge is None or self._loading():
             return web.json_response({"status": "loading"}, status=503)
         h = self.edge.health()
         if not h.get("ok", False):
