@@ -181,6 +181,48 @@ def test_socket_activation_serves_a_chat_on_the_passed_socket(tiny_llama_dir):
     assert path.is_socket()                               # the passed socket belongs to systemd: left in place
 
 
+def test_socket_activation_serves_the_http_front_on_its_named_socket(tiny_llama_dir):
+    """Two passed sockets, named by LISTEN_FDNAMES: the NDJSON socket and the HTTP front (FileDescriptorName=http)."""
+    import json as _json
+    d = tmpdir()
+    nd, hp = d / "ndjson.sock", d / "http.sock"
+    socks = []
+    for p in (nd, hp):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(p))
+        s.listen()
+        socks.append(s)
+    fds = [s.fileno() for s in socks]
+
+    def place() -> None:
+        os.dup2(fds[0], 3)
+        os.dup2(fds[1], 4)
+    wrapper = ["/bin/sh", "-c", 'LISTEN_PID=$$ exec "$@"', "sh", sys.executable, "-m", "ignisd", "serve"]
+    proc = DaemonProc(["--model", str(tiny_llama_dir), *BASE, "--vram-kv-pool-bytes", "2Ktok"], d,
+                      env={"LISTEN_FDS": "2", "LISTEN_FDNAMES": "ndjson:http"}, command=wrapper,
+                      popen={"preexec_fn": place, "pass_fds": (3, 4)}, socket=str(nd))
+    try:
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.settimeout(60)
+        c.connect(str(hp))
+        body = _json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                            "temperature": 0}).encode()
+        c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: ignis\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        raw = b""
+        while chunk := c.recv(65536):
+            raw += chunk
+        head, _, payload = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), raw[:300]
+        reply = _json.loads(payload)
+        assert reply["usage"]["completion_tokens"] == 3 and reply["choices"][0]["message"]["role"] == "assistant"
+        assert "inherited_socket_unused" not in proc.log()
+    finally:
+        assert proc.stop() == 0
+        for s in socks:
+            s.close()
+
+
 @pytest.fixture(scope="module")
 def guarded(tiny_llama_dir):
     d = tmpdir()
