@@ -31,19 +31,9 @@ from collections.abc import Callable, Iterable, Sequence
 from ignisd.cache.page_pool import IntegrityError
 from ignisd.cache.placement import Placement
 from ignisd.cache.prefix_index import ImageSpan, PrefixIndex, normalize_spans
-from ignisd.cache.retained_state import (
-    DEFAULT_INTERACTIVE_TTL,
-    REASON_MISS,
-    REASON_STAMP,
-    REFUSED_DUPLICATE,
-    REFUSED_NO_SLOT,
-    CaptureTicket,
-    CommitResult,
-    LookupResult,
-    RetainedState,
-    Stamp,
-    _priority,
-)
+from ignisd.cache.retained_state import (DEFAULT_INTERACTIVE_TTL, REASON_MISS, REASON_STAMP, REFUSED_DUPLICATE,
+                                         REFUSED_NO_SLOT, CaptureTicket, CommitResult, LookupResult,
+                                         RetainedState, Stamp, _priority)
 from ignisd.cache.state_slots import StateSlots
 from ignisd.vocab import DEVICE, DISK, KINDS, PAGE_TOKENS, RAM, SLOT_TIERS, TIERS
 
