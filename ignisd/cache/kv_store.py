@@ -4,37 +4,55 @@ Built from a format (cache/kv_format.py) and a KV geometry (a KVGeometry or a Mo
 imports model/). One tensor per page buffer of the format, [n_attention_layers, num_pages * page_tokens, *per-token
 shape]; slot = page * page_tokens + offset. Which pages belong to whom is the page pool's business
 (cache/page_pool.py); this class only stores bytes. The attention layers reach it through the PagedKV protocol of
-ignis_kernels.attention (write, view).
+ignis_kernels.attention (write, view; write_exact for a format with an exact window).
+
+hq-e8-2b (HQ_E8_2B.md): the store also holds each attention layer's rotation signs (kernels/kvq/rotation.py) and
+encodes pages as they leave the exact window (`write_exact`, cache/exact_window.py: the window itself lives in the
+sequences' state slots). "hq-sim" is the same with a research quantizer (tools/bench_kvformat.py) in place of E8P.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+import ignis_kernels.kvq as kvq
 from ignis_kernels.attention import PagedView
+from ignis_kernels.kvq.rotation import layer_signs
+from ignisd.cache.exact_window import write_exact
 from ignisd.cache.kv_format import Geometry, KVFormat, KVGeometry
 from ignisd.vocab import PAGE_TOKENS
 
-_WRITE_TAGS = ("dense",)
-"""The view tags this store can write (encode) into; another format's writer arrives with its kernels."""
+_WRITE_TAGS = ("dense", "hq-e8-2b", "hq-sim")
+"""The view tags this store can write (encode) into."""
 
 
 class KVStore:
     """Page storage of one KV format.
 
-    fmt: the KVFormat (its tag must be writable here: "dense"; ValueError otherwise). geom: the model's KV geometry
-    (n_attention_layers, num_kv_heads, head_dim). num_pages: pages in the pool (>= 1). page_tokens: tokens per page
-    (>= 1). device: torch device. Every buffer is zero-initialised. Raises ValueError on a bad count.
+    fmt: the KVFormat (its tag must be writable here: "dense", "hq-e8-2b", "hq-sim"; ValueError otherwise). geom:
+    the model's KV geometry (n_attention_layers, num_kv_heads, head_dim). num_pages: pages in the pool (>= 1).
+    page_tokens: tokens per page (>= 1; an exact-window format's own page_tokens). device: torch device.
+    quantizer: "hq-sim" only: u [N, d] float32 -> {page buffer name: [N, ...]} (the research codec).
+    Every buffer is zero-initialised. Raises ValueError on a bad count.
     Attributes: format (the KVFormat), kv_format (its name), geometry (KVGeometry), num_pages, page_tokens,
-    n_attention_layers, device.
+    n_attention_layers, device, exact_window_pages (None for dense), signs (hq: float32 [L, 2, Hkv, d]).
     """
 
     def __init__(self, fmt: KVFormat, geom: Geometry, num_pages: int, page_tokens: int = PAGE_TOKENS,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu",
+                 quantizer: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None) -> None:
         if num_pages < 1 or page_tokens < 1:
             raise ValueError(f"KVStore needs num_pages >= 1 and page_tokens >= 1, got {num_pages}, {page_tokens}")
         if fmt.tag not in _WRITE_TAGS:
             raise ValueError(f"KVStore: no writer for KV format {fmt.name!r} (tag {fmt.tag!r}); "
                              f"writable tags: {', '.join(_WRITE_TAGS)}")
+        self.exact_window_pages = fmt.exact_window_pages
+        if self.exact_window_pages is not None and getattr(fmt, "page_tokens", page_tokens) != page_tokens:
+            raise ValueError(f"KVStore: format {fmt.name!r} counts its window in {fmt.page_tokens}-token pages, "
+                             f"the pool has {page_tokens}")
+        if fmt.tag == "hq-sim" and quantizer is None:
+            raise ValueError("KVStore: an hq-sim format needs a quantizer")
         self.format = fmt
         self.kv_format = fmt.name
         self.geometry = KVGeometry.of(geom)
@@ -48,8 +66,15 @@ class KVStore:
             b.name: torch.zeros((self.n_attention_layers, slots, *b.shape), dtype=getattr(torch, b.dtype),
                                 device=self.device)
             for b in self._specs}
+        self.signs = None
+        if self.exact_window_pages is not None:
+            g = self.geometry
+            self.signs = torch.stack([layer_signs(i, g.num_kv_heads, g.head_dim) for i in range(g.n_attention_layers)]
+                                     ).to(self.device) if g.n_attention_layers else None
+        self._quantize = quantizer or _e8p_fields
         self._views = [PagedView(fmt.tag, {name: t[layer].view(num_pages, page_tokens, *t.shape[2:])
-                                           for name, t in self._buffers.items()}, page_tokens)
+                                           for name, t in self._buffers.items()}, page_tokens,
+                                 {"signs": self.signs[layer]} if self.signs is not None else {})
                        for layer in range(self.n_attention_layers)]
         if fmt.tag == "dense":
             self._k, self._v = self._buffers["k"], self._buffers["v"]
@@ -92,12 +117,36 @@ class KVStore:
         kb.index_copy_(0, slot_mapping, k.to(kb.dtype))
         vb.index_copy_(0, slot_mapping, v.to(vb.dtype))
 
+    def write_exact(self, layer: int, k: torch.Tensor, v: torch.Tensor, plan, states) -> tuple[list, object]:
+        """A format with an exact window: keep the batch's keys/values exact in their sequences' state slots and
+        encode the pages that leave the window (cache/exact_window.write_exact, which documents plan, states and the
+        returned (ExactSpans, ExactRing)). k, v: [T, Hkv, d] float. Raises ValueError on a dense store."""
+        if self.exact_window_pages is None:
+            raise ValueError(f"KVStore: format {self.kv_format!r} keeps no exact window; use write()")
+        return write_exact(self, layer, k, v, plan, states)
+
+    def encode_into(self, layer: int, slots: torch.Tensor, u: torch.Tensor) -> None:
+        """Encode exact rotated tokens into the pool: u [N, 2, Hkv, d] (N tokens, kind 0 keys, 1 values) at pool
+        slots `slots` (LongTensor [N]) of attention layer `layer`, every page buffer at once."""
+        fields = self._quantize(u.float().reshape(-1, u.shape[-1]))
+        for name, t in fields.items():
+            buf = self._buffers[name][layer]
+            buf.index_copy_(0, slots, t.reshape(u.shape[0], *buf.shape[1:]).to(buf.dtype))
+
     def view(self, layer: int) -> PagedView:
         """Attention layer `layer`'s pages as the kernels read them: PagedView(tag, {name: [num_pages, page_tokens,
         *per-token shape]}, page_tokens), views of the storage. Raises IndexError for a bad layer."""
         if not 0 <= layer < self.n_attention_layers:
             raise IndexError(f"attention layer {layer} out of range [0, {self.n_attention_layers})")
         return self._views[layer]
+
+    def decode(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hq-e8-2b: the decoded keys and values of pool `slots` (LongTensor [S]) of layer `layer` in the original
+        domain, x̂ = s ⊙ H·(ŝ c)/√d (§2.5; tests and debugging only): float32 [S, Hkv, d] each."""
+        b = self._buffers
+        u = kvq.decode_rotated(b["codes"][layer].index_select(0, slots), b["scale"][layer].index_select(0, slots))
+        sg = self.signs[layer]
+        return kvq.unrotate(u[:, 0], sg[0]), kvq.unrotate(u[:, 1], sg[1])
 
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Read K and V of `slots` (LongTensor [S]) of attention layer `layer` (dense formats).
@@ -119,3 +168,9 @@ class KVStore:
         d = (torch.tensor(dst, device=self.device)[:, None] * pt + offs).reshape(-1)
         for t in self._buffers.values():
             t.index_copy_(1, d, t.index_select(1, s))
+
+
+def _e8p_fields(u: torch.Tensor) -> dict[str, torch.Tensor]:
+    """hq-e8-2b's record fields of rotated vectors u [N, d] (ignis_kernels.kvq.encode_rotated)."""
+    codes, scale, resid, norm = kvq.encode_rotated(u)
+    return {"codes": codes, "scale": scale, "resid": resid, "norm": norm}
