@@ -26,8 +26,8 @@ from ignisd.fronts.ndjson import NdjsonFront
 from ignisd.log import get_logger
 from ignisd.metrics import Metrics
 from ignisd.model.loader import load_model, open_model
-from ignisd.preflight import (StartupError, choose_kv_format, context_tokens, mem_available_bytes, plan_pool_pages,
-                              read_api_key)
+from ignisd.preflight import (StartupError, check_formats, choose_kv_format, context_tokens, mem_available_bytes,
+                              plan_pool_pages, read_api_key)
 from ignisd.runner import Runner
 from ignisd.scheduler import Scheduler
 from ignisd.server import Server
@@ -65,14 +65,15 @@ class Daemon:
         prepare_socket(cfg.server.socket)
         self.socket_gid = socket_gid(cfg.server.socket_group)
         api_key = read_api_key(cfg.server.api_key_file)
-        self.kv_format = choose_kv_format(cfg)
-        fmt = get_kv_format(self.kv_format)
+        check_formats(cfg)
         where = cfg.model.path or "the built-in model"
         try:
             source = open_model(cfg.model.path)
         except (OSError, ValueError, KeyError) as e:
             raise StartupError(f"model.path {where}: cannot load: {e}") from None
         spec = source.spec
+        self.kv_format, kv_why = choose_kv_format(cfg, spec.head_dim)
+        fmt = get_kv_format(self.kv_format, cfg.kv.exact_window, cfg.kv.exact_sinks)
         context = context_tokens(cfg, spec.context_tokens)
         pages = plan_pool_pages(cfg, fmt.bytes_per_token(spec), context, mem_available_bytes())
         t0 = time.monotonic()
@@ -109,10 +110,12 @@ class Daemon:
                 retained_states = {"device": StateStore(state_buffers, dev_n),
                                    "host": StateStore(state_buffers, host_n)}
                 retained_bytes = sum(st.nbytes for st in retained_states.values())
-            retained = RetainedStore(Stamp(spec.structural_hash(), self.kv_format), page_tokens=PAGE_TOKENS,
+            retained = RetainedStore(Stamp(spec.structural_hash(), fmt.stamp), page_tokens=PAGE_TOKENS,
                                      device_slots=StateSlots(dev_n), host_slots=StateSlots(host_n),
-                                     needs_slot=bool(state_buffers), interactive_ttl=rc.retained_interactive_ttl)
-        cache = CacheManager(pool, self.kv.page_bytes, slots=slots, state_bytes=state_bytes, retained=retained)
+                                     needs_slot=bool(state_buffers), interactive_ttl=rc.retained_interactive_ttl,
+                                     kv_format=fmt)
+        cache = CacheManager(pool, self.kv.page_bytes, slots=slots, state_bytes=state_bytes, retained=retained,
+                             kv_format=fmt)
         self.scheduler = Scheduler(cache, lanes=cfg.server.lanes, context_tokens=context,
                                    prefill_chunk=cfg.server.prefill_chunk,
                                    round_prefill_tokens=cfg.server.round_prefill_tokens,
@@ -131,7 +134,8 @@ class Daemon:
                              max_inflight=cfg.server.max_inflight_per_connection, api_key=api_key,
                              metrics=self.metrics)
         log.info("vram_plan", model=spec.name, model_bytes=self.loaded.weight_bytes, kv_format=self.kv_format,
-                 page_bytes=self.kv.page_bytes, kv_pool_pages=pages, kv_pool_tokens=pages * PAGE_TOKENS,
+                 kv_format_why=kv_why, kv_stamp=fmt.stamp, page_bytes=self.kv.page_bytes, kv_pool_pages=pages,
+                 kv_pool_tokens=pages * PAGE_TOKENS,
                  kv_pool_bytes=self.kv.nbytes, state_bytes=state_bytes,
                  live_state_bytes=self.states.nbytes if self.states is not None else 0,
                  retained_slot_bytes=retained_bytes, reuse_prompt=rc.prompt,

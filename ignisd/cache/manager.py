@@ -78,10 +78,14 @@ class CacheManager:
     the pool's KV format, every attention layer (status, metrics). slots: live state slots (None when neither the
     model nor the KV format keeps per-sequence state: sequences then hold no slot). state_bytes: bytes of one live
     slot. retained: the RetainedStore (None with reuse.prompt off); the manager becomes its ``on_free`` owner.
+    kv_format: the pool's KVFormat (cache/kv_format.py), whose ``retained_pages(pos, page_tokens)`` says which pages
+    a state captured at pos holds and whether its partial page is copied (None: dense — full pages shared, the
+    partial page copied; hq-e8-2b: only the pages already encoded, no copy: the window travels in the image).
     """
 
     def __init__(self, pool: PagePool, page_bytes: int, slots: StateSlots | None = None, state_bytes: int = 0,
-                 retained: RetainedStore | None = None):
+                 retained: RetainedStore | None = None, kv_format=None):
+        self.kv_format = kv_format
         self.pools: dict[str, PagePool] = {DEVICE: pool}
         self.page_bytes = page_bytes
         self.slots = slots
@@ -104,6 +108,12 @@ class CacheManager:
     def page_tokens(self) -> int:
         """Tokens per page (64)."""
         return self.pool.page_tokens
+
+    def held_pages(self, pos: int) -> tuple[int, bool]:
+        """(pages shared by a state of `pos` tokens, whether its partial page is copied): the KV format's rule."""
+        if self.kv_format is None:
+            return pos // self.page_tokens, pos % self.page_tokens != 0
+        return self.kv_format.retained_pages(pos, self.page_tokens)
 
     def pages_for(self, tokens: int) -> int:
         """Pages that hold `tokens` tokens."""
@@ -141,7 +151,8 @@ class CacheManager:
         state = lk.state if lk is not None else None
         resumed = lk.matched_tokens if state is not None else 0
         pt = self.page_tokens
-        shared = list(state.pages[:resumed // pt]) if state is not None else []
+        n_shared, copied = self.held_pages(resumed)
+        shared = list(state.pages[:n_shared]) if state is not None else []
         n = self.pool.pages_for(bound_tokens) - len(shared)
         if n < 0:
             raise ValueError(f"{len(shared)} shared pages exceed the bound of {bound_tokens} tokens")
@@ -158,9 +169,9 @@ class CacheManager:
             self._slot[seq_id] = slot
         restore = None
         if state is not None:
-            partial = resumed % pt != 0
-            restore = RestoreOp(seq_id, state.id, state.pages[resumed // pt] if partial else None,
-                                pages[resumed // pt] if partial else None, state.slot_tier, state.slot, slot)
+            partial = copied and resumed % pt != 0
+            restore = RestoreOp(seq_id, state.id, state.pages[n_shared] if partial else None,
+                                pages[n_shared] if partial else None, state.slot_tier, state.slot, slot)
             self._restores[seq_id] = restore
         return Admission(tuple(pages), slot, resumed, ReuseMatch.of(lk) if lk is not None else None, restore)
 
@@ -212,7 +223,7 @@ class CacheManager:
             return t.refused
         pos = len(t.tokens)
         copy = src = None
-        if pos % self.page_tokens:
+        if self.held_pages(pos)[1]:
             if not self._make_room(1):
                 self.retained.abort(t)
                 return "no_slot"
@@ -229,7 +240,7 @@ class CacheManager:
 
     def _commit(self, ticket_id: str) -> CommitResult:
         seq_id, t, copy = self._captures.pop(ticket_id)
-        full = list(self._live[seq_id][:len(t.tokens) // self.page_tokens])
+        full = list(self._live[seq_id][:self.held_pages(len(t.tokens))[0]])
         self.pool.incref(full)
         return self.retained.commit(t, full + ([copy] if copy is not None else []))
 
