@@ -47,7 +47,8 @@ class KVStore:
     fmt: the KVFormat (its tag must be writable here: "dense", "hq-e8-2b", "hq-sim"; ValueError otherwise). geom:
     the model's KV geometry (n_attention_layers, num_kv_heads, head_dim). num_pages: pages in the pool (>= 1).
     page_tokens: tokens per page (>= 1; an exact-window format's own page_tokens). device: torch device.
-    quantizer: "hq-sim" only: u [N, d] float32 -> {page buffer name: [N, ...]} (the research codec).
+    quantizer: "hq-sim" only: (u [N, 2, Hkv, d] float32 rotated, the layer's signs [2, Hkv, d]) -> {page buffer
+    name: [N, 2, Hkv, ...]} (a research codec, tools/kvq_baselines.py).
     Every buffer is zero-initialised. Raises ValueError on a bad count.
     Attributes: format (the KVFormat), kv_format (its name), geometry (KVGeometry), num_pages, page_tokens,
     n_attention_layers, device, exact_window_pages (None for dense), signs (hq: float32 [L, 2, Hkv, d]).
@@ -55,7 +56,7 @@ class KVStore:
 
     def __init__(self, fmt: KVFormat, geom: Geometry, num_pages: int, page_tokens: int = PAGE_TOKENS,
                  device: str | torch.device = "cpu",
-                 quantizer: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None) -> None:
+                 quantizer: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]] | None = None) -> None:
         if num_pages < 1 or page_tokens < 1:
             raise ValueError(f"KVStore needs num_pages >= 1 and page_tokens >= 1, got {num_pages}, {page_tokens}")
         if fmt.tag not in _WRITE_TAGS:
@@ -142,7 +143,7 @@ class KVStore:
     def encode_into(self, layer: int, slots: torch.Tensor, u: torch.Tensor) -> None:
         """Encode exact rotated tokens into the pool: u [N, 2, Hkv, d] (N tokens, kind 0 keys, 1 values) at pool
         slots `slots` (LongTensor [N]) of attention layer `layer`, every page buffer at once."""
-        fields = self._quantize(u.float().reshape(-1, u.shape[-1]))
+        fields = self._quantize(u.float(), self.signs[layer])
         for name, t in fields.items():
             buf = self._buffers[name][layer]
             buf.index_copy_(0, slots, t.reshape(u.shape[0], *buf.shape[1:]).to(buf.dtype))
@@ -184,8 +185,9 @@ class KVStore:
             t.index_copy_(1, d, t.index_select(1, s))
 
 
-def _e8p_fields(u: torch.Tensor) -> dict[str, torch.Tensor]:
-    """hq-e8-2b's record fields of rotated vectors u [N, d] (ignis_kernels.kvq.encode_rotated)."""
+def _e8p_fields(u: torch.Tensor, signs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """hq-e8-2b's record fields of rotated vectors u [N, 2, Hkv, d] (ignis_kernels.kvq.encode_rotated; the signs
+    are not needed: the record codes the rotated vector)."""
     codes, scale, resid, norm = kvq.encode_rotated(u)
     return {"codes": codes, "scale": scale, "resid": resid, "norm": norm}
 

@@ -49,7 +49,7 @@ def oracle(q, xk, xv, khat, vhat, resid_k, start, wp, pt, sinks, scale=None):
     """float64 §4 in the original domain for one sequence: q [n, Hq, d] at positions start.., xk/xv [ctx, Hkv, d]
     exact, khat/vhat the decoded copies, resid_k [ctx, Hkv] the keys' stored resid. Returns [n, Hq, d]."""
     n, hq, d = q.shape
-    ctx, hkv = xk.shape[0], xk.shape[1]
+    hkv = xk.shape[1]
     g = hq // hkv
     tau = 1 / math.sqrt(d) if scale is None else scale
     out = torch.zeros(n, hq, d, dtype=torch.float64)
