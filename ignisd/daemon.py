@@ -21,17 +21,19 @@ from ignisd.cache.state_slots import StateSlots
 from ignisd.cache.state_store import StateStore
 from ignisd.config import Config
 from ignisd.edge import Edge
+from ignisd.cache import transfer
 from ignisd.engine import Engine
 from ignisd.fronts.ndjson import NdjsonFront
 from ignisd.log import get_logger
 from ignisd.metrics import Metrics
 from ignisd.model.loader import load_model, open_model
-from ignisd.preflight import (StartupError, check_formats, choose_kv_format, context_tokens, mem_available_bytes,
-                              plan_pool_pages, read_api_key)
+from ignisd.preflight import (StartupError, check_arena, check_formats, choose_kv_format, context_tokens,
+                              mem_available_bytes, plan_pool_pages, read_api_key)
 from ignisd.runner import Runner
 from ignisd.scheduler import Scheduler
 from ignisd.server import Server
 from ignisd.text.chat_template import ChatTemplate
+from ignisd.tier_setup import build_tiers, index_disk, measure_prefill
 from ignisd.text.tokenizer import Tokenizer
 from ignisd.unix_socket import prepare_socket, socket_gid
 from ignisd.vocab import PAGE_TOKENS
@@ -75,7 +77,9 @@ class Daemon:
         self.kv_format, kv_why = choose_kv_format(cfg, spec.head_dim)
         fmt = get_kv_format(self.kv_format, cfg.kv.exact_window, cfg.kv.exact_sinks)
         context = context_tokens(cfg, spec.context_tokens)
-        pages = plan_pool_pages(cfg, fmt.bytes_per_token(spec), context, mem_available_bytes())
+        mem = mem_available_bytes()
+        pages = plan_pool_pages(cfg, fmt.bytes_per_token(spec), context, mem)
+        check_arena(cfg, mem)
         t0 = time.monotonic()
         torch.set_num_threads(cfg.effective_threads())
         try:
@@ -114,14 +118,23 @@ class Daemon:
                                      device_slots=StateSlots(dev_n), host_slots=StateSlots(host_n),
                                      needs_slot=bool(state_buffers), interactive_ttl=rc.retained_interactive_ttl,
                                      kv_format=fmt)
+        runner = Runner(self.loaded.model, self.kv, self.states, retained_states)
+        try:
+            self.tier_setup = build_tiers(cfg, self.kv.page_bytes, fmt.bytes_per_token(spec),
+                                          transfer.image_layout(self.states) if self.states is not None else (),
+                                          measure_prefill(runner, self.kv, self.states))
+        except OSError as e:
+            raise StartupError(f"kv.disk_dir {cfg.kv.disk_dir!r}: {e}", exit_code=2) from None
+        runner.arena = self.tier_setup.arena
         cache = CacheManager(pool, self.kv.page_bytes, slots=slots, state_bytes=state_bytes, retained=retained,
-                             kv_format=fmt)
+                             tiers=self.tier_setup.tiers, kv_format=fmt)
+        disk_found = index_disk(self.tier_setup, retained)
         self.scheduler = Scheduler(cache, lanes=cfg.server.lanes, context_tokens=context,
                                    prefill_chunk=cfg.server.prefill_chunk,
                                    round_prefill_tokens=cfg.server.round_prefill_tokens,
-                                   max_queue=cfg.server.max_queue, metrics=self.metrics)
-        self.engine = Engine(self.scheduler, Runner(self.loaded.model, self.kv, self.states, retained_states),
-                             self.metrics)
+                                   max_queue=cfg.server.max_queue, metrics=self.metrics,
+                                   evict_window_pages=cfg.reuse.evict_window_pages)
+        self.engine = Engine(self.scheduler, runner, self.metrics, disk=self.tier_setup.disk)
         self.metrics.set_pool(pages, 0, self.kv.page_bytes)
         model_info = {"name": spec.name, "arch": spec.arch, "kv_format": self.kv_format,
                       "context_tokens": context, "page_tokens": PAGE_TOKENS, "page_bytes": self.kv.page_bytes,
@@ -138,7 +151,8 @@ class Daemon:
                  kv_pool_tokens=pages * PAGE_TOKENS,
                  kv_pool_bytes=self.kv.nbytes, state_bytes=state_bytes,
                  live_state_bytes=self.states.nbytes if self.states is not None else 0,
-                 retained_slot_bytes=retained_bytes, reuse_prompt=rc.prompt,
+                 retained_slot_bytes=retained_bytes, reuse_prompt=rc.prompt, **self.tier_setup.info,
+                 kv_disk_found=disk_found.get("usable", 0),
                  context_tokens=context, lanes=cfg.server.lanes,
                  load_ms=f"{(time.monotonic() - t0) * 1e3:.0f}")
 
@@ -180,5 +194,7 @@ class Daemon:
         await self.server.close()
         self.engine.stop()
         await engine_task
+        if not hurry.is_set():       # KV-disk on: retained states outlive the process (within the grace left)
+            await self.engine.flush_to_disk(max(deadline, loop.time() + 1.0))
         Path(path).unlink(missing_ok=True)
         srv_log.info("stopped")

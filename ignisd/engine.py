@@ -10,8 +10,10 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from ignisd.disk_traffic import DiskTraffic
 from ignisd.log import get_logger
 from ignisd.request import Cancel, DoneEvent, ErrorEvent, FinishReason, Request, Submit, TokenEvent
+from ignisd.plan import RoundPlan
 from ignisd.scheduler import Scheduler
 from ignisd.sequence import AdmissionError, QueueFull
 
@@ -21,17 +23,20 @@ log = get_logger("sched")
 class Engine:
     """Runs rounds until stopped.
 
-    scheduler: the Scheduler (its CacheManager is `scheduler.cache`). runner: executes RoundPlans (ignisd.runner).
-    metrics: ignisd.metrics.Metrics or None.
+    scheduler: the Scheduler (its CacheManager is `scheduler.cache`). runner: executes RoundPlans (ignisd.runner),
+    returning a RoundResult. metrics: ignisd.metrics.Metrics or None. disk: the KV-disk DiskStore (None: off); its
+    reads and writes run as tasks on this loop (ignisd/disk_traffic.py).
     """
 
-    def __init__(self, scheduler: Scheduler, runner, metrics=None):
+    def __init__(self, scheduler: Scheduler, runner, metrics=None, disk=None):
         self.scheduler = scheduler
         self.cache = scheduler.cache
         self.runner = runner
         self.metrics = metrics
         self._commands: list = []
         self._wake = asyncio.Event()
+        self.disk = DiskTraffic(self.cache, disk, self._wake.set, metrics)
+        self._counted: dict[str, int] = {}
         self._handles: dict[str, asyncio.Queue] = {}
         self._last_token_at: dict[str, float] = {}
         # torch's intra-op thread count is per OS thread under OpenMP: the worker sets its own (Runner.init_thread)
@@ -40,6 +45,7 @@ class Engine:
         self._stopping = False
         self.rounds = 0
         self.integrity_checks = 0
+        self.integrity_failures = 0
 
     # ---- server side ----
     def submit(self, req: Request) -> asyncio.Queue:
@@ -121,6 +127,17 @@ class Engine:
         m.kv_pool_used_pages.set(self.cache.pool.used)
         m.lanes_busy.set(c["prefill"] + c["decode"])
         m.queue_depth.set(c["waiting"])
+        for row in self.cache.tiers.rows(self.cache):
+            m.tier_bytes_used.labels(tier=row["tier"]).set(row["bytes_used"])
+            m.tier_bytes_total.labels(tier=row["tier"]).set(row["bytes_total"])
+            m.tier_states.labels(tier=row["tier"]).set(row["states"])
+        counts = self.cache.tiers.counts
+        for tier in ("ram", "disk"):
+            key = f"demotions_{tier}"
+            new = counts[key] - self._counted.get(key, 0)
+            if new:
+                m.tier_demotions.labels(tier=tier).inc(new)
+                self._counted[key] = counts[key]
 
     async def run(self) -> None:
         """The round loop; returns after stop()."""
@@ -128,10 +145,15 @@ class Engine:
         checked = True
         while not self._stopping:
             self._apply_commands()
+            self.disk.poll()
             if self.scheduler.idle():
                 self._update_gauges()
                 if not checked:
-                    self.cache.check_integrity()
+                    try:
+                        self.cache.check_integrity()
+                    except AssertionError as e:   # a bookkeeping bug: say so loudly, keep serving
+                        log.error("integrity_failed", error=str(e))
+                        self.integrity_failures += 1
                     self.integrity_checks += 1
                     checked = True
                 self._wake.clear()
@@ -146,16 +168,21 @@ class Engine:
                 continue
             prefill_tokens, decode_tokens = plan.prefill_tokens, plan.decode_tokens
             try:
-                results = await loop.run_in_executor(self._executor, self.runner.execute, plan)
+                result = await loop.run_in_executor(self._executor, self.runner.execute, plan)
             except Exception as e:  # a failed forward fails only the requests in it
                 log.error("round_failed", error=repr(e))
                 self.scheduler.fail_round(plan)
-                for rid in dict.fromkeys(it.seq_id for it in plan.items):
+                for rid in dict.fromkeys([it.seq_id for it in plan.items] + [mv.state_id for mv in plan.moves]):
                     for ev in self.scheduler.cancel(rid, FinishReason.CANCELLED):
                         self._emit(ErrorEvent(ev.rid, "internal", f"forward pass failed: {e!r}", None))
                 continue
             self.rounds += 1
-            events = self.scheduler.update(plan, results)
+            events = self.scheduler.update(plan, result.items)
+            self.disk.written_out(result.snapshots)
+            if self.metrics is not None:
+                for tier, (nbytes, seconds) in result.restored.items():
+                    self.metrics.tier_restore_bytes.labels(tier=tier).inc(nbytes)
+                    self.metrics.tier_restore_seconds.labels(tier=tier).inc(seconds)
             if self.metrics is not None:
                 self.metrics.prefill_tokens_total.inc(prefill_tokens)
                 self.metrics.decode_tokens_total.inc(decode_tokens)
@@ -164,6 +191,22 @@ class Engine:
                 self._emit(ev)
             await asyncio.sleep(0)  # let the server write what this round produced
         self._executor.shutdown(wait=True)
+
+    async def flush_to_disk(self, deadline: float) -> int:
+        """Shutdown with KV-disk on: write the retained states not yet on disk, highest rank first, until `deadline`
+        (loop time); call after the round loop stopped. Returns how many files were written."""
+        if self.disk.disk is None:
+            return 0
+        await self.disk.drain(max(0.0, deadline - asyncio.get_running_loop().time()))
+        moves = self.cache.plan_flush()
+        if not moves:
+            return 0
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(max_workers=1, initializer=getattr(self.runner, "init_thread", None)) as ex:
+            result = await loop.run_in_executor(ex, self.runner.execute, RoundPlan((), (), tuple(moves)))
+        n = await self.disk.flush(result.snapshots, deadline)
+        log.info("kv_disk_flush", written=n, planned=len(moves))
+        return n
 
     def reset(self) -> int:
         """The `reset` op: drop every retained state (pinned ones when their restore lets go). Returns how many were

@@ -29,7 +29,10 @@ class Metrics:
     Attribute names equal the exposed sample names less ``ignis_``; prefill_tokens, decode_tokens, requests and errors
     are aliases of the four counters. Prompt reuse (DESIGN §4.4): reuse_lookups, reuse_hits (labels kind, tier),
     reuse_tokens_restored, reuse_captures (label kind), reuse_captures_skipped (label reason); the tokens prefilled
-    are prefill_tokens.
+    are prefill_tokens. Tiers (DESIGN §4.5), label tier: tier_bytes_used, tier_bytes_total, tier_states (gauges),
+    tier_demotions, tier_restores, tier_restore_bytes, tier_restore_seconds (counters); tier_disk_writes,
+    tier_disk_write_bytes, tier_disk_reads, tier_disk_read_bytes, tier_disk_errors (counters); live_evictions
+    (label how: moved / recomputed).
     """
 
     def __init__(self) -> None:
@@ -64,6 +67,34 @@ class Metrics:
         self.reuse_captures_skipped = Counter("ignis_reuse_captures_skipped",
                                               "Captures not taken, by reason (no_slot, duplicate).", ["reason"],
                                               registry=r)
+        self.tier_bytes_used = Gauge("ignis_tier_bytes_used", "Bytes held in each tier (device, ram, disk).",
+                                     ["tier"], registry=r)
+        self.tier_bytes_total = Gauge("ignis_tier_bytes_total", "Size of each tier in bytes.", ["tier"], registry=r)
+        self.tier_states = Gauge("ignis_tier_states", "Retained states held in each tier.", ["tier"], registry=r)
+        self.tier_demotions = Counter("ignis_tier_demotions", "Retained states moved down into a tier.", ["tier"],
+                                      registry=r)
+        self.tier_restores = Counter("ignis_tier_restores", "Restores from each tier.", ["tier"], registry=r)
+        self.tier_restore_bytes = Counter("ignis_tier_restore_bytes", "Bytes restored from each tier.", ["tier"],
+                                          registry=r)
+        self.tier_restore_seconds = Counter("ignis_tier_restore_seconds",
+                                            "Seconds spent restoring from each tier (bytes / seconds = restore "
+                                            "bandwidth).", ["tier"], registry=r)
+        self.tier_disk_writes = Counter("ignis_tier_disk_writes", "KV-disk files written.", registry=r)
+        self.tier_disk_write_bytes = Counter("ignis_tier_disk_write_bytes", "Bytes of KV-disk files written.",
+                                             registry=r)
+        self.tier_disk_reads = Counter("ignis_tier_disk_reads", "KV-disk files read back for a restore.", registry=r)
+        self.tier_disk_read_bytes = Counter("ignis_tier_disk_read_bytes", "Bytes of KV-disk files read back.",
+                                            registry=r)
+        self.tier_disk_errors = Counter("ignis_tier_disk_errors",
+                                        "KV-disk faults (no space, I/O error, removed or corrupt file).", registry=r)
+        self.live_evictions = Counter("ignis_live_evictions",
+                                      "Running sequences preempted for a higher-ranked request, by how: moved "
+                                      "(to KV-RAM and restored) or recomputed.", ["how"], registry=r)
+        for how in ("moved", "recomputed"):
+            self.live_evictions.labels(how=how)
+        for tier in ("device", "ram", "disk"):
+            for m in (self.tier_demotions, self.tier_restores, self.tier_restore_bytes, self.tier_restore_seconds):
+                m.labels(tier=tier)
         self.prefill_tokens, self.decode_tokens = self.prefill_tokens_total, self.decode_tokens_total
         self.requests, self.errors = self.requests_total, self.errors_total
         for reason in FINISH_REASONS:          # present at 0 from the start, so rates work from the first scrape

@@ -16,27 +16,37 @@ PREFILL, DECODE = "prefill", "decode"
 LOGITS_MODES = ("last", "all", "none")
 
 
+MOVE_TO_RAM, MOVE_TO_BYTES = "to_ram", "to_bytes"
+
+
 @dataclass(frozen=True)
 class TierMove:
-    """Move the bytes of state `state_id` from one tier's placement to another's before the round's passes
-    (DESIGN §4.5: one window between rounds). src_tier / dst_tier: "device" | "ram" | "disk"; pages / dst_pages:
-    device pages read or written; extents: KV-RAM arena extents [(offset, bytes)]; disk_file: the KV-disk file.
-    The cache manager plans none until the KV-RAM and KV-disk tiers exist."""
+    """Copy one state's bytes out of its tier before the round's passes (DESIGN §4.5: moves run first, so pages and
+    slots that the same plan hands to others are read before anything writes them).
 
+    op: "to_ram" (write into the KV-RAM arena at `dst_offset`) | "to_bytes" (return the bytes to the engine, which
+    writes the KV-disk file off the round path). state_id: the retained state or live sequence moved. Source, in
+    the pages layout of cache/transfer.py: device `pages`, or `nbytes` of the arena at `src_offset`; then, when
+    `image_slot` is set, the image of that slot appended: ("live" | "device" | "host", slot id).
+    """
+
+    op: str
     state_id: str
-    src_tier: str
-    dst_tier: str
     pages: tuple[int, ...] = ()
-    dst_pages: tuple[int, ...] = ()
-    extents: tuple[tuple[int, int], ...] = ()
-    disk_file: str | None = None
+    src_offset: int | None = None
+    nbytes: int = 0
+    image_slot: tuple[str, int] | None = None
+    dst_offset: int | None = None
 
 
 @dataclass(frozen=True)
 class RestoreOp:
-    """Resume sequence `seq_id` from retained state `state_id` before the round's passes: copy page `src_page`
-    (the state's partial last page) into `dst_page` (the sequence's own page) when not None, and the image in
-    retained slot (`slot_tier`, `slot`) into the sequence's live slot `dst_slot` when `slot` is not None."""
+    """Resume sequence `seq_id` from state `state_id` (a retained state or its own evicted image) before the round's
+    passes. tier "device": copy page `src_page` (the state's partial last page) into `dst_page` when not None (its
+    full pages are shared in place). tier "ram": write `dst_pages` from the arena bytes at `src_offset` (pages
+    layout). tier "disk": write `dst_pages` from `payload` (the verified KV-disk file's pages + image bytes). Then the
+    image: from retained slot (`slot_tier`, `slot`) when `slot` is not None, else from the bytes after the pages
+    (arena or payload) when `image_after_pages`; into the sequence's live slot `dst_slot`."""
 
     seq_id: str
     state_id: str
@@ -45,6 +55,11 @@ class RestoreOp:
     slot_tier: str | None
     slot: int | None
     dst_slot: int | None
+    tier: str = "device"
+    dst_pages: tuple[int, ...] = ()
+    src_offset: int | None = None
+    payload: bytes | None = None
+    image_after_pages: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,6 +129,16 @@ class RoundPlan:
     def empty(self) -> bool:
         """Nothing to run."""
         return not self.items and not self.restores and not self.moves
+
+
+@dataclass
+class RoundResult:
+    """The runner's answer for a plan: one ItemResult per item; for each "to_bytes" move the state's bytes (pages
+    layout, then its image) by state id; and per tier the bytes its restores copied and the seconds they took."""
+
+    items: list
+    snapshots: dict[str, bytes] = field(default_factory=dict)
+    restored: dict[str, tuple[int, float]] = field(default_factory=dict)
 
 
 @dataclass

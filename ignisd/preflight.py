@@ -110,6 +110,15 @@ def plan_pool_pages(cfg: Config, bytes_per_token: int, context: int, mem_availab
     return int(pages)
 
 
+def check_arena(cfg: Config, mem_available: int) -> None:
+    """Refuse (exit 2) a KV-RAM arena (reuse.kv_host_pool_bytes) larger than the available memory, naming both
+    numbers: a host cache sized near the RAM limit hangs the machine instead of failing."""
+    want = cfg.reuse.kv_host_pool_bytes
+    if want > mem_available:
+        raise StartupError(f"reuse.kv_host_pool_bytes = {want} bytes does not fit in the available memory "
+                           f"({mem_available} bytes, MemAvailable); lower it (0 turns KV-RAM off)", exit_code=2)
+
+
 def mem_available_bytes() -> int:
     """MemAvailable of /proc/meminfo in bytes (8 GiB when it cannot be read)."""
     try:

@@ -2,16 +2,22 @@
 
 Runs in the engine's single worker thread. The plan is a value (``ignisd/plan.py``): sequence ids, positions, token
 ids, page ids and slots, never a scheduler object. The runner owns the per-request sampling generators (so a
-request's seeded draws never depend on other requests); its transfer step runs the plan's tier moves (none until
-KV-RAM and KV-disk exist) and restores before the passes, and captures after the pass holding their item.
+request's seeded draws never depend on other requests); its transfer step runs the plan's tier moves (device pages
+and images into the KV-RAM arena, or out as bytes for a KV-disk file) and restores before the passes, and captures
+after the pass holding their item.
 """
 from __future__ import annotations
 
+import time
+import warnings
+
 import torch
 
+from ignisd.cache import transfer
 from ignisd.model.batch import ForwardBatch, SeqChunk
-from ignisd.plan import ItemResult, PlanItem, RoundPlan
+from ignisd.plan import MOVE_TO_RAM, ItemResult, PlanItem, RestoreOp, RoundPlan, RoundResult, TierMove
 from ignisd.sampling import make_generator, sample_row, token_logprobs
+from ignisd.vocab import DEVICE, RAM
 
 
 def _passes(items: list[PlanItem]) -> list[list[int]]:
@@ -37,12 +43,13 @@ class Runner:
     slots index them).
     """
 
-    def __init__(self, model, kv, states=None, retained_states: dict | None = None):
+    def __init__(self, model, kv, states=None, retained_states: dict | None = None, arena=None):
         self.model = model
         self.kv = kv
         self.threads = torch.get_num_threads()
         self.states = states
         self.retained_states = retained_states or {}
+        self.arena = arena
         self.page_tokens = kv.page_tokens
         self._gens: dict[str, torch.Generator] = {}
 
@@ -57,17 +64,66 @@ class Runner:
         """Drop the sampling generator of a finished request."""
         self._gens.pop(rid, None)
 
-    @torch.inference_mode()
-    def execute(self, plan: RoundPlan) -> list[ItemResult]:
-        """Run every item of `plan`; returns one ItemResult per item, in plan order."""
-        results: list[ItemResult | None] = [None] * len(plan.items)
-        if plan.moves:
-            raise NotImplementedError("tier moves: only the device tier exists in this build")
-        for rs in plan.restores:          # resume: partial last page (copy-on-write) and the image, before any pass
+    def _slot_store(self, slot_tier: str):
+        return self.states if slot_tier == "live" else self.retained_states[slot_tier]
+
+    def _move(self, mv: TierMove, snapshots: dict[str, bytes]) -> None:
+        """Copy one state's bytes out of its tier (pages layout, then its image): into the arena or into bytes."""
+        pbytes = transfer.pages_nbytes(self.kv, len(mv.pages)) if mv.pages else mv.nbytes
+        ibytes = self._slot_store(mv.image_slot[0]).slot_bytes if mv.image_slot is not None else 0
+        if mv.op == MOVE_TO_RAM:
+            dst = self.arena.view(mv.dst_offset, pbytes + ibytes)
+        else:
+            dst = torch.empty(pbytes + ibytes, dtype=torch.uint8)
+        if mv.pages:
+            transfer.read_pages(self.kv, list(mv.pages), dst)
+        elif mv.nbytes:
+            dst[:pbytes].copy_(self.arena.view(mv.src_offset, pbytes))
+        if mv.image_slot is not None:
+            transfer.read_image(self._slot_store(mv.image_slot[0]), mv.image_slot[1], dst[pbytes:])
+        if mv.op != MOVE_TO_RAM:
+            snapshots[mv.state_id] = dst.numpy().tobytes()
+
+    def _restore(self, rs: RestoreOp) -> None:
+        """Resume a sequence before any pass: its pages (shared in place with a device state, or written from the
+        arena or a KV-disk payload) and its image into its live slot."""
+        if rs.tier == DEVICE:
             if rs.src_page is not None:
                 self.kv.copy_pages([rs.src_page], [rs.dst_page])
-            if rs.slot is not None and self.states is not None:
-                self.states.restore(rs.dst_slot, self.retained_states[rs.slot_tier].image(rs.slot))
+            src = None
+        elif rs.tier == RAM:
+            n = transfer.pages_nbytes(self.kv, len(rs.dst_pages))
+            extra = self.states.slot_bytes if rs.image_after_pages and self.states is not None else 0
+            src = self.arena.view(rs.src_offset, n + extra)
+            transfer.write_pages(self.kv, list(rs.dst_pages), src)
+        else:
+            with warnings.catch_warnings():        # the payload is only read
+                warnings.simplefilter("ignore", UserWarning)
+                src = torch.frombuffer(rs.payload, dtype=torch.uint8)
+            transfer.write_pages(self.kv, list(rs.dst_pages), src)
+        if self.states is None or rs.dst_slot is None:
+            return
+        if rs.slot is not None:
+            self.states.restore(rs.dst_slot, self.retained_states[rs.slot_tier].image(rs.slot))
+        elif rs.image_after_pages:
+            ib = self.states.slot_bytes
+            transfer.write_image(self.states, rs.dst_slot, src[src.numel() - ib:])
+
+    @torch.inference_mode()
+    def execute(self, plan: RoundPlan) -> RoundResult:
+        """Run `plan`: its tier moves, its restores, then every item; returns one ItemResult per item in plan order
+        and the bytes of its "to_bytes" moves."""
+        results: list[ItemResult | None] = [None] * len(plan.items)
+        snapshots: dict[str, bytes] = {}
+        for mv in plan.moves:             # the transfer step: before anything writes the pages and slots it frees
+            self._move(mv, snapshots)
+        restored: dict[str, tuple[int, float]] = {}
+        for rs in plan.restores:          # resume: pages and image, before any pass
+            t0 = time.perf_counter()
+            self._restore(rs)
+            n, sec = restored.get(rs.tier, (0, 0.0))
+            moved = transfer.pages_nbytes(self.kv, len(rs.dst_pages)) if rs.tier != DEVICE else self.kv.page_bytes
+            restored[rs.tier] = (n + moved, sec + time.perf_counter() - t0)
         for idx in _passes(plan.items):
             items = [plan.items[i] for i in idx]
             if self.states is None:
@@ -94,7 +150,7 @@ class Runner:
                     self.kv.copy_pages([cap.src_page], [cap.copy_page])
                 if cap.slot is not None and self.states is not None:
                     self.retained_states[cap.slot_tier].restore(cap.slot, self.states.image(cap.src_slot))
-        return results  # type: ignore[return-value]
+        return RoundResult(results, snapshots, restored)  # type: ignore[arg-type]
 
     def _item_result(self, it: PlanItem, rows: torch.Tensor) -> ItemResult:
         res = ItemResult()

@@ -24,6 +24,7 @@ from collections import deque
 from dataclasses import replace
 
 from ignisd.cache.manager import CacheManager, ReuseMatch
+from ignisd.eviction import Evictions
 from ignisd.plan import DECODE, PREFILL, CaptureOp, ItemResult, PlanItem, RoundPlan
 from ignisd.request import DoneEvent, FinishReason, Priority, Request, ReuseInfo, TokenEvent
 from ignisd.sequence import AdmissionError, QueueFull, Sequence, SeqState
@@ -38,7 +39,7 @@ class Scheduler:
     """
 
     def __init__(self, cache: CacheManager, *, lanes: int, context_tokens: int, prefill_chunk: int,
-                 round_prefill_tokens: int, max_queue: int, metrics=None):
+                 round_prefill_tokens: int, max_queue: int, metrics=None, evict_window_pages: int = 16):
         self.cache = cache
         self.metrics = metrics
         self.lanes = lanes
@@ -50,6 +51,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.finished_events: list = []
         self._held_long = False      # the last round ran only the prefills that ended in it
+        self.evictions = Evictions(self, evict_window_pages)
 
     # ---- commands ----
     def check(self, req: Request) -> None:
@@ -96,7 +98,12 @@ class Scheduler:
         order = sorted(self.waiting, key=lambda s: (s.req.priority is not Priority.INTERACTIVE, s.req.arrival))
         for s in order:
             if len(self.running) >= self.lanes:
+                self.evictions.maybe_evict(s)
                 break
+            if s.evicted:
+                if not self.evictions.admit(s):
+                    break
+                continue
             req = s.req
             reuse = self._capturing(s)
             if reuse:
@@ -105,16 +112,25 @@ class Scheduler:
                     continue   # a running prefill is about to retain a longer shared prefix: resume from it then
             adm = self.cache.admit(s.rid, req.prompt_ids, s.bound_tokens, reuse=reuse)
             if adm is None:
+                self.evictions.maybe_evict(s)
                 break  # strict rank order: a later request never overtakes one that is waiting for pages
+            if adm.wait_for is not None:
+                continue   # its match's KV-disk file is being read back: admitted once the bytes are in memory
             self.waiting.remove(s)
             s.pages, s.slot = list(adm.pages), adm.slot
             s.state = SeqState.PREFILL
+            s.restore = adm.restore
+            if s.recompute:            # its KV was not kept: prefill prompt + generated, no capture, no new reply
+                s.computed = adm.resumed
+                s.plan = plan_traversals(adm.resumed, 0, None, len(s.prefill_ids), chunk_tokens=self.chunk,
+                                         page_tokens=self.cache.page_tokens)
+                self.running.append(s)
+                continue
             s.admitted_at = time.monotonic()
             if req.prompt_logprobs is not None:
                 s.prompt_logprobs = [None]
             s.resume = s.computed = adm.resumed
             s.reuse = self._reuse_info(req, adm.match)
-            s.restore = adm.restore
             s.plan = plan_traversals(adm.resumed, req.publish, req.opener, len(req.prompt_ids),
                                      chunk_tokens=self.chunk, page_tokens=self.cache.page_tokens)
             m = self.metrics
@@ -207,27 +223,29 @@ class Scheduler:
     def schedule(self) -> RoundPlan:
         """Admit what fits, then plan one round: a decode token per decoding lane and whole prefill chunks up to the
         round's prefill budget (shortest remaining prefill first within a priority class)."""
+        self.evictions.step()
         self._admit()
         items = [self._item(s, s.computed, [s.output[-1]], "last", True)
-                 for s in self.running if s.state is SeqState.DECODE]
+                 for s in self.running if s.state is SeqState.DECODE and not s.evicting]
         restores = tuple(s.restore for s in self.running if s.restore is not None)
         budget = self.round_prefill_tokens
-        prefills = sorted((s for s in self.running if s.state is SeqState.PREFILL),
+        prefills = sorted((s for s in self.running if s.state is SeqState.PREFILL and not s.evicting),
                           key=lambda s: (s.req.priority is not Priority.INTERACTIVE,
-                                         len(s.req.prompt_ids) - s.computed, s.req.arrival))
+                                         len(s.prefill_ids) - s.computed, s.req.arrival))
         prefills = self._first_token_round(prefills)
         for s in prefills:
             pos = s.computed
-            n = len(s.req.prompt_ids)
+            ids = s.prefill_ids
+            n = len(ids)
             while pos < n:
                 end = s.plan.chunk_end(pos)
                 if end - pos > budget:
                     break
                 budget -= end - pos
-                last = end == n
+                last = end == n and not s.recompute       # a recompute's next token is already known
                 want = "all" if s.req.prompt_logprobs is not None else ("last" if last else "none")
-                cap = self._reserve_capture(s, end)
-                items.append(self._item(s, pos, s.req.prompt_ids[pos:end], want, last, cap))
+                cap = self._reserve_capture(s, end) if not s.recompute else None
+                items.append(self._item(s, pos, ids[pos:end], want, last, cap))
                 pos = end
                 if cap is not None:
                     break      # the image is taken at `end`: this sequence runs no further chunk this round
@@ -237,7 +255,7 @@ class Scheduler:
 
     def _finishes_now(self, s: Sequence, budget: int) -> bool:
         """Whether `s`'s whole remaining prefill fits in `budget` tokens with no capture point left to stop at."""
-        rest = len(s.req.prompt_ids) - s.computed
+        rest = len(s.prefill_ids) - s.computed
         if rest > budget:
             return False
         return not (self._capturing(s) and any(c.pos > s.computed for c in s.plan.captures))
@@ -257,7 +275,7 @@ class Scheduler:
         for s in prefills:
             if self._finishes_now(s, budget):
                 ending.append(s)
-                budget -= len(s.req.prompt_ids) - s.computed
+                budget -= len(s.prefill_ids) - s.computed
         if ending and len(ending) < len(prefills):
             self._held_long = True
             return ending
@@ -283,6 +301,10 @@ class Scheduler:
                 continue
             s.computed = item.start + len(item.token_ids)
             if s.state is SeqState.PREFILL:
+                if s.recompute:
+                    if s.computed == len(s.prefill_ids):   # caught up: decode on from its last generated token
+                        s.state, s.recompute = SeqState.DECODE, False
+                    continue
                 s.prefilled += len(item.token_ids)
                 if res.prompt_logprobs and s.prompt_logprobs is not None:
                     s.prompt_logprobs.extend(res.prompt_logprobs)
@@ -316,7 +338,7 @@ class Scheduler:
         now = now or time.monotonic()
         if s in self.running:
             self.running.remove(s)
-        else:                          # ended while queued: it never looked anything up
+        elif s.admitted_at is None:    # ended while queued: it never looked anything up
             s.reuse = self._queued_reuse_info(s.req)
         self.cache.release(s.rid)      # pages, slot, captures of a round that never completed, a restore not run
         s.restore = None
@@ -348,7 +370,7 @@ class Scheduler:
             "total": self.lanes,
             "prefill": sum(1 for s in self.running if s.state is SeqState.PREFILL),
             "decode": sum(1 for s in self.running if s.state is SeqState.DECODE),
-            "evicted": 0,
+            "evicted": sum(1 for s in self.waiting if s.evicted) + sum(1 for s in self.running if s.evicting),
             "waiting": len(self.waiting),
         }
 

@@ -29,7 +29,8 @@ class Sequence:
     pages / slot: what the cache manager reserved at admission (KV pages for the whole bound in position order;
     the live state slot or None). computed: tokens whose K/V are in the pool. resume: tokens restored from a
     retained state (0: cold). plan: traversals and captures, set at admission. restore: the RestoreOp pending until
-    the round carrying it has run. reuse: what the reply's ``ignis.reuse`` reports.
+    the round carrying it has run. reuse: what the reply's ``ignis.reuse`` reports. evicting / evicted /
+    resume_state / recompute: live eviction (ignisd/eviction.py).
     """
 
     req: Request
@@ -46,6 +47,18 @@ class Sequence:
     plan: TraversalPlan | None = None
     restore: RestoreOp | None = None
     reuse: ReuseInfo = field(default_factory=ReuseInfo)
+    evicting: bool = False             # being moved down a window a round (not scheduled meanwhile)
+    evicted: bool = False              # its bytes are in KV-RAM: waiting to be admitted again
+    resume_state: SeqState | None = None  # the state it continues in once restored
+    recompute: bool = False            # re-queued to prefill prompt + generated (its KV was not kept)
+
+    @property
+    def prefill_ids(self) -> list[int]:
+        """The tokens its prefill covers: the prompt, or when recomputing the prompt and every generated token but
+        the last (which is the next decode step's input)."""
+        if self.recompute and self.output:
+            return self.req.prompt_ids + self.output[:-1]
+        return self.req.prompt_ids
 
     @property
     def rid(self) -> str:

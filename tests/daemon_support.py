@@ -76,7 +76,10 @@ class DaemonProc:
     def __init__(self, args: list[str], tmpdir: Path):
         self.socket = str(tmpdir / "ignisd.sock")
         self.log_path = tmpdir / "ignisd.log"
-        cmd = [sys.executable, "-m", "ignisd", "serve", "--socket", self.socket, "--server-threads", "1", *args]
+        # a small KV-RAM arena unless the test sizes it: the default (2G, mlock'ed) for every test daemon is too much
+        arena = [] if "--reuse-kv-host-pool-bytes" in args else ["--reuse-kv-host-pool-bytes", "32M"]
+        cmd = [sys.executable, "-m", "ignisd", "serve", "--socket", self.socket, "--server-threads", "1", *arena,
+               *args]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         env.pop("NOTIFY_SOCKET", None)
         self.log_file = open(self.log_path, "wb")

@@ -20,8 +20,11 @@ from ignisd.cache.placement import Placement
 from ignisd.cache.retained import RetainedStore
 from ignisd.cache.retained_state import CaptureTicket, CommitResult, LookupResult
 from ignisd.cache.state_slots import StateSlots
+from ignisd.cache.disk_states import DiskStates
+from ignisd.cache.live_eviction import LiveEviction
+from ignisd.cache.tiers import Tiers
 from ignisd.plan import CaptureOp, RestoreOp, RoundPlan, TierMove
-from ignisd.vocab import DEVICE, SLOT_TIERS
+from ignisd.vocab import DEVICE, DISK, RAM, SLOT_TIERS
 
 REFUSED_REUSE_OFF = "reuse_off"
 
@@ -62,16 +65,18 @@ class ReuseMatch:
 class Admission:
     """The answer of ``admit``: pages (the whole bound, position order; the first ``resumed // page_tokens`` shared
     with the matched state), slot (live state slot or None), resumed (prompt tokens restored), match (None when the
-    request looked nothing up), restore (the op the next round runs first, None on a miss)."""
+    request looked nothing up), restore (the op the next round runs first, None on a miss). wait_for: the KV-disk
+    state whose bytes are being read for this request (then nothing was reserved: try again after the read)."""
 
     pages: tuple[int, ...]
     slot: int | None
     resumed: int
     match: ReuseMatch | None
     restore: RestoreOp | None
+    wait_for: str | None = None
 
 
-class CacheManager:
+class CacheManager(DiskStates, LiveEviction):
     """Pages, live slots and retained states of one daemon.
 
     pool: the device KV pool's accounting (pages of ``pool.page_tokens`` tokens). page_bytes: bytes of one page in
@@ -84,15 +89,19 @@ class CacheManager:
     """
 
     def __init__(self, pool: PagePool, page_bytes: int, slots: StateSlots | None = None, state_bytes: int = 0,
-                 retained: RetainedStore | None = None, kv_format=None):
+                 retained: RetainedStore | None = None, tiers: Tiers | None = None, kv_format=None):
         self.kv_format = kv_format
         self.pools: dict[str, PagePool] = {DEVICE: pool}
         self.page_bytes = page_bytes
         self.slots = slots
         self.state_bytes = state_bytes
         self.retained = retained
+        self.tiers = tiers if tiers is not None else Tiers(None, 0, page_bytes, page_tokens=pool.page_tokens)
+        self._loads: set[str] = set()                                    # KV-disk states a waiting request wants
+        self._evicted: dict = {}                                         # live seq id -> Evicted (live_eviction)
         if retained is not None:
             retained.on_free = self._free_placement
+            retained.move_down = lambda s: self.tiers.move_down(self, s)
         self._live: dict[str, list[int]] = {}
         self._slot: dict[str, int] = {}
         self._restores: dict[str, RestoreOp] = {}                          # seq id -> restore not yet run
@@ -138,21 +147,28 @@ class CacheManager:
         return self.retained.lookup(prompt, pin=False, explain=False).matched_tokens
 
     def admit(self, seq_id: str, prompt: Sequence[int], bound_tokens: int, *, reuse: bool) -> Admission | None:
-        """Admit sequence `seq_id`: look up the longest retained state that is a prefix of `prompt` (when `reuse`
-        and reuse is on; a hit stays pinned until its restore ran or the sequence is released), reserve pages for
-        `bound_tokens` (prompt + max_tokens) sharing the match's full pages, and a live slot when slots exist.
-        Retained states are evicted, lowest rank first, before pages are refused (retained state never refuses an
-        admission). Returns None when too few pages or no live slot are free (nothing is held then).
+        """Admit sequence `seq_id`: look up the retained state to restore for `prompt` across the tiers, with the
+        restore floors (when `reuse` and reuse is on; a hit stays pinned until its restore ran or the sequence is
+        released), reserve pages for `bound_tokens` (prompt + max_tokens) — sharing a device match's full pages,
+        copying a KV-RAM or KV-disk match's pages into its own — and a live slot when slots exist. Device-resident
+        retained states move down (or go), lowest rank first, before pages are refused: retained state never refuses
+        an admission. Returns None when too few pages or no live slot are free (nothing is held then), or an
+        Admission with `wait_for` set when the match's KV-disk bytes must be read first (nothing is held; the engine
+        reads them, see ``loads_wanted``, and the request is admitted on a later try).
         Raises ValueError when `seq_id` is already admitted.
         """
         if seq_id in self._live:
             raise ValueError(f"{seq_id} already holds pages")
-        lk = self.retained.lookup(prompt) if reuse and self.retained is not None else None
+        floors = self.tiers.floors if self.retained is not None else None
+        lk = self.retained.lookup(prompt, floors=floors) if reuse and self.retained is not None else None
         state = lk.state if lk is not None else None
+        if state is not None and state.tier == DISK and state.placement.payload is None:
+            self.retained.unpin(state.id)
+            self._loads.add(state.id)
+            return Admission((), None, 0, ReuseMatch.of(lk), None, wait_for=state.id)
         resumed = lk.matched_tokens if state is not None else 0
-        pt = self.page_tokens
-        n_shared, copied = self.held_pages(resumed)
-        shared = list(state.pages[:n_shared]) if state is not None else []
+        n_shared = self.held_pages(resumed)[0]
+        shared = list(state.pages[:n_shared]) if state is not None and state.tier == DEVICE else []
         n = self.pool.pages_for(bound_tokens) - len(shared)
         if n < 0:
             raise ValueError(f"{len(shared)} shared pages exceed the bound of {bound_tokens} tokens")
@@ -169,24 +185,31 @@ class CacheManager:
             self._slot[seq_id] = slot
         restore = None
         if state is not None:
-            partial = copied and resumed % pt != 0
-            restore = RestoreOp(seq_id, state.id, state.pages[n_shared] if partial else None,
-                                pages[n_shared] if partial else None, state.slot_tier, state.slot, slot)
+            restore = self._restore_op(seq_id, state, resumed, pages, slot)
             self._restores[seq_id] = restore
         return Admission(tuple(pages), slot, resumed, ReuseMatch.of(lk) if lk is not None else None, restore)
 
+    def _restore_op(self, seq_id: str, state, resumed: int, pages: list[int], slot: int | None) -> RestoreOp:
+        pt = self.page_tokens
+        p = state.placement
+        n_full, copied = self.held_pages(resumed)
+        if p.tier == DEVICE:
+            partial = copied and resumed % pt != 0
+            return RestoreOp(seq_id, state.id, p.pages[n_full] if partial else None,
+                             pages[n_full] if partial else None, p.slot_tier, p.slot, slot)
+        own = tuple(pages[:self.retained.state_pages(resumed)])
+        if p.tier == RAM:
+            return RestoreOp(seq_id, state.id, None, None, p.slot_tier, p.slot, slot, tier=RAM, dst_pages=own,
+                             src_offset=p.extents[0][0])
+        self._loads.discard(state.id)
+        return RestoreOp(seq_id, state.id, None, None, None, None, slot, tier=DISK, dst_pages=own,
+                         payload=p.payload, image_after_pages=self.tiers.image_bytes > 0)
+
     def evict_for_pages(self, pages: int) -> list[str]:
-        """Drop lowest-ranked unpinned retained states (superseded checkpoints first) until `pages` device pages
-        are free or none is left to drop. Returns the dropped ids. A dropped state frees only the pages no one else
-        holds."""
-        dropped = []
-        while self.pool.free < pages and self.retained is not None:
-            v = self.retained.victim()
-            if v is None:
-                break
-            dropped.append(v.id)
-            self.retained.drop(v.id)
-        return dropped
+        """Make `pages` device pages free: lowest-ranked unpinned retained states (superseded checkpoints first)
+        move to KV-RAM or KV-disk, or are dropped when no lower tier takes them. Returns their ids. A state that
+        leaves the device frees only the pages no one else holds."""
+        return self.tiers.make_device_room(self, pages)
 
     def _make_room(self, pages: int) -> bool:
         self.evict_for_pages(pages)
@@ -198,8 +221,9 @@ class CacheManager:
         for tid in [t for t, (sid, _, _) in self._captures.items() if sid == seq_id]:
             self._abort(tid)
         rs = self._restores.pop(seq_id, None)
-        if rs is not None:
+        if rs is not None and rs.state_id != seq_id:
             self.retained.unpin(rs.state_id)
+        self._own_restore_done(seq_id)          # an evicted sequence that ends: its extent goes back
         pages = self._live.pop(seq_id, None)
         if pages:
             self.pool.release(pages)
@@ -246,11 +270,19 @@ class CacheManager:
 
     def finish_round(self, plan: RoundPlan, *, failed: bool = False) -> list[CommitResult]:
         """The round of `plan` ran (or, with `failed`, did not): unpin and touch the states its restores read,
-        and commit its captures (abort them when failed). Captures and restores of sequences released meanwhile
-        were settled by ``release`` and are skipped. Returns the commits' results."""
+        and commit its captures (abort them when failed; and drop the states its tier moves were copying, whose
+        bytes may be half-moved). Captures and restores of sequences released meanwhile were settled by
+        ``release`` and are skipped. Returns the commits' results."""
+        if failed:
+            for mv in plan.moves:
+                if self._state(mv.state_id) is not None:
+                    self.retained.drop(mv.state_id)
         for rs in plan.restores:
             if self._restores.get(rs.seq_id) is rs:
                 del self._restores[rs.seq_id]
+                if rs.state_id == rs.seq_id:            # an evicted live sequence's own bytes
+                    self._own_restore_done(rs.seq_id)
+                    continue
                 if not failed:
                     self.retained.touch(rs.state_id)
                 self.retained.unpin(rs.state_id)
@@ -266,13 +298,14 @@ class CacheManager:
         return out
 
     def plan_moves(self) -> list[TierMove]:
-        """Tier moves for the next round (DESIGN §4.5). Only the device tier exists: none."""
-        return []
+        """The tier moves decided since the last round, in order (DESIGN §4.5); the next round runs them first."""
+        return self.tiers.take_moves()
 
     def _free_placement(self, placement: Placement) -> None:
-        """The store let go of `placement`: drop its page references in its tier's pool."""
+        """The store let go of `placement`: drop its device page references, its arena extent, its disk share."""
         if placement.pages:
-            self.pools[placement.tier].release(placement.pages)
+            self.pool.release(placement.pages)
+        self.tiers.freed(placement)
 
     # ---------------------------------------------------------------- status and integrity
     def reset(self) -> int:
@@ -310,7 +343,7 @@ class CacheManager:
             "kv_pool": {"pages_total": pool.total, "pages_free": pool.free, "pages_live": self.live_pages(),
                         "pages_retained": self.retained_pages()},
             "slots": slots,
-            "tiers": [],
+            "tiers": self.tiers.rows(self),
             "retained": r.rows() if r is not None else [],
             "live_states": {"slots_total": self.slots.total if self.slots else 0,
                             "slots_used": (self.slots.total - self.slots.free) if self.slots else 0,
@@ -330,3 +363,12 @@ class CacheManager:
         stray += [sid for sid, _, _ in self._captures.values() if sid not in self._live]
         if stray:
             raise IntegrityError(f"restores/captures pending for sequences that hold no pages: {sorted(stray)}")
+        states = self.retained.states() if self.retained is not None else []
+        if self.tiers.arena is not None:
+            self.tiers.arena.check_integrity([off for st in states for off, _ in st.placement.extents]
+                                             + self._arena_holders())
+        disk = sum(st.placement.disk_bytes for st in states if st.tier == DISK)
+        if disk != self.tiers.disk_used:
+            raise IntegrityError(f"KV-disk: states hold {disk} bytes but {self.tiers.disk_used} are counted")
+
+

@@ -45,7 +45,7 @@ from ignisd.cache.retained_state import (
     _priority,
 )
 from ignisd.cache.state_slots import StateSlots
-from ignisd.vocab import DEVICE, KINDS, PAGE_TOKENS, RAM, SLOT_TIERS
+from ignisd.vocab import DEVICE, DISK, KINDS, PAGE_TOKENS, RAM, SLOT_TIERS, TIERS
 
 
 class RetainedStore:
@@ -70,6 +70,7 @@ class RetainedStore:
         self.kv_format = kv_format
         self.stamp = stamp
         self.on_free = on_free
+        self.move_down: Callable[[RetainedState], bool] | None = None   # the owner's tier policy (slot victims)
         self.slot_pools: dict[str, StateSlots] = {}
         if device_slots is not None:
             self.slot_pools["device"] = device_slots
@@ -129,13 +130,15 @@ class RetainedStore:
             cls = 0
         return 0 if state.superseded else 1, cls, state.last_use
 
-    def victim(self, *, below: tuple | None = None, with_slot: bool = False,
+    def victim(self, *, below: tuple | None = None, with_slot: bool = False, tier: str | None = None,
                now: float | None = None) -> RetainedState | None:
-        """The lowest-ranked state that can be dropped: unpinned, not doomed, holding a slot when ``with_slot``, and
-        ranking strictly below ``below`` when given. None when there is none."""
+        """The lowest-ranked state that can be dropped or moved down: unpinned, not doomed, not in flight to disk,
+        holding a slot when ``with_slot``, in ``tier`` when given, and ranking strictly below ``below`` when given.
+        None when there is none."""
         now = self.clock() if now is None else now
         pool = [s for s in self._states.values()
-                if not s.pins and not s.doomed and (not with_slot or s.slot is not None)]
+                if not s.pins and not s.doomed and not s.placement.in_flight
+                and (not with_slot or s.slot is not None) and (tier is None or s.tier == tier)]
         if not pool:
             return None
         v = min(pool, key=lambda s: (self.rank(s, now), s.created))
@@ -192,8 +195,9 @@ class RetainedStore:
                 new_rank = (1, 1 if t.priority == "interactive" else 0, now)
                 v = self.victim(below=new_rank, with_slot=True, now=now)
                 if v is not None:
-                    t.dropped.append(v.id)
-                    self._free(v)
+                    if self.move_down is None or not self.move_down(v):
+                        t.dropped.append(v.id)
+                        self._free(v)
                     got = self._take_slot(t.id)
             if got is None:
                 t.refused = REFUSED_NO_SLOT
@@ -269,9 +273,12 @@ class RetainedStore:
         return state.stamp == self.stamp
 
     def lookup(self, prompt: Sequence[int], image_spans: Iterable[Sequence] = (), *, limit: int | None = None,
-               pin: bool = True, explain: bool = True) -> LookupResult:
-        """The longest retained state whose tokens and images are a prefix of ``prompt`` (at most ``limit`` tokens;
-        None: len(prompt) - 1, so a token is left to prefill and sample from); equally long ones by rank. A state
+               pin: bool = True, explain: bool = True, floors: dict[str, int] | None = None) -> LookupResult:
+        """The retained state to restore for ``prompt``: among the states whose tokens and images are a prefix of it
+        (at most ``limit`` tokens; None: len(prompt) - 1, so a token is left to prefill and sample from), the longest
+        on the device; a KV-RAM match only if it reuses at least ``floors["ram"]`` more tokens than that, and a
+        KV-disk match only if it reuses at least ``floors["disk"]`` more than the best above it (restore floors,
+        DESIGN §4.5; each floor is at least 1, so a tie goes to the tier above); equally long ones by rank. A state
         of another stamp is refused before anything moves (reason "stamp_mismatch" when it was the only kind of
         match). On a hit the state is pinned (``pin``: until ``unpin`` after the restore finished or was abandoned)
         and its last use set. explain: also find ``candidate`` (the diverging state sharing more than the match)."""
@@ -281,9 +288,15 @@ class RetainedStore:
         found = self.index.matches(prompt, spans, len(prompt) - 1 if limit is None else limit)
         good = [m for m in found if self.stamp_ok(self._states[m.state_id])]
         hit = None
-        if good:
-            best = good[0].matched_tokens
-            hit = max((m for m in good if m.matched_tokens == best),
+        for tier in TIERS:                      # device, ram, disk: a lower tier must beat the one above by a floor
+            here = [m for m in good if self._states[m.state_id].tier == tier]
+            if not here:
+                continue
+            best = max(m.matched_tokens for m in here)
+            floor = 0 if tier == DEVICE else max(1, (floors or {}).get(tier, 1))
+            if best - (hit.matched_tokens if hit is not None else 0) < floor:
+                continue
+            hit = max((m for m in here if m.matched_tokens == best),
                       key=lambda m: (self.rank(self._states[m.state_id], now), self._states[m.state_id].created))
         cand = cand_state = None
         if explain:
@@ -292,7 +305,7 @@ class RetainedStore:
                 cand = None
             cand_state = self._states[cand.state_id] if cand is not None else None
         if hit is None:
-            return LookupResult(None, 0, REASON_STAMP if found else REASON_MISS, cand, cand_state)
+            return LookupResult(None, 0, REASON_STAMP if found and not good else REASON_MISS, cand, cand_state)
         s = self._states[hit.state_id]
         s.last_use = now
         if pin:
@@ -334,11 +347,27 @@ class RetainedStore:
         """Let go of `placement`: free its retained slot here, then hand its page references to ``on_free``."""
         if placement.slot is not None:
             self.slot_pools[placement.slot_tier].release(placement.slot)
-        held = Placement(placement.tier, list(placement.pages), list(placement.extents), placement.disk_file)
-        placement.pages, placement.extents, placement.disk_file = [], [], None
-        placement.slot_tier, placement.slot = None, None
+        held = Placement(placement.tier, list(placement.pages), list(placement.extents), placement.disk_file,
+                         placement.disk_bytes)
+        placement.pages, placement.extents, placement.disk_file, placement.disk_bytes = [], [], None, 0
+        placement.slot_tier, placement.slot, placement.payload = None, None, None
         if self.on_free is not None and not held.holds_nothing:
             self.on_free(held)
+
+    def release_slot(self, s: RetainedState) -> None:
+        """Give back the retained slot of `s` (its image now travels with its bytes: the tier policy copied it out
+        in the round that follows)."""
+        if s.placement.slot is not None:
+            self.slot_pools[s.placement.slot_tier].release(s.placement.slot)
+            s.placement.slot_tier, s.placement.slot = None, None
+
+    def add(self, state: RetainedState) -> None:
+        """Index a state that was already retained elsewhere (a KV-disk file found at start). Raises ValueError for
+        an id already present."""
+        if state.id in self._states:
+            raise ValueError(f"retained state {state.id} already present")
+        self._states[state.id] = state
+        self.index.insert(state.id, state.tokens, state.image_spans)
 
     def _free(self, s: RetainedState) -> None:
         if not s.doomed:
@@ -378,7 +407,9 @@ class RetainedStore:
         for s in self._states.values():
             if s.pins < 0 or (s.doomed and not s.pins):
                 raise IntegrityError(f"retained state {s.id}: pins {s.pins}, doomed {s.doomed}")
-            if self.needs_slot and s.slot is None:
-                raise IntegrityError(f"retained state {s.id} holds no slot on a hybrid model")
+            if self.needs_slot and s.slot is None and s.tier != DISK:
+                raise IntegrityError(f"retained state {s.id} in {s.tier} holds no image slot on a hybrid model")
+            if s.tier == DISK and s.slot is not None:
+                raise IntegrityError(f"retained state {s.id} on KV-disk still holds an image slot")
             if s.tier == DEVICE and len(s.pages) != self.state_pages(s.n_tokens):
                 raise IntegrityError(f"retained state {s.id}: {len(s.pages)} pages for {s.n_tokens} tokens")

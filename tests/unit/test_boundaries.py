@@ -10,17 +10,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Every control-plane module (DESIGN §3 marks them †). cache/kv_store.py and cache/state_store.py are the tensor
-# storage behind the pools (DESIGN §3 lists kv_store.py without †): they are the only cache modules left out.
+# Every control-plane module (DESIGN §3 marks them †). cache/kv_store.py, state_store.py, host_arena.py and
+# transfer.py are the tensor storage behind the pools and the copies between them (DESIGN §3 lists kv_store.py,
+# host_arena.py and transfer.py without †): they are the only cache modules left out.
 CONTROL_PLANE = [
     "ignisd.scheduler", "ignisd.sequence", "ignisd.plan", "ignisd.traversal", "ignisd.request", "ignisd.vocab",
     "ignisd.buffers", "ignisd.config", "ignisd.config_keys", "ignisd.log", "ignisd.metrics", "ignisd.preflight",
     "ignisd.engine", "ignisd.edge", "ignisd.prompt", "ignisd.server", "ignisd.fronts.ndjson", "ignisd.unix_socket",
     "ignisd.cache.manager", "ignisd.cache.placement", "ignisd.cache.page_pool", "ignisd.cache.state_slots",
     "ignisd.cache.prefix_index", "ignisd.cache.retained", "ignisd.cache.retained_state", "ignisd.cache.kv_format",
+    "ignisd.cache.extents", "ignisd.cache.tiers", "ignisd.cache.disk_format", "ignisd.cache.disk_store",
+    "ignisd.disk_traffic", "ignisd.cache.disk_states", "ignisd.cache.live_eviction", "ignisd.eviction",
     "ignis_client.protocol", "ignis_client.divergence",
 ]
-STORAGE = {"kv_store.py", "state_store.py"}
+STORAGE = {"kv_store.py", "state_store.py", "host_arena.py", "transfer.py"}
 
 
 def _package_of(path: Path) -> str:

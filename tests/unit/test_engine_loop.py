@@ -14,7 +14,7 @@ from ignisd.cache.retained import RetainedStore
 from ignisd.cache.retained_state import Stamp
 from ignisd.cache.state_slots import StateSlots
 from ignisd.engine import Engine
-from ignisd.plan import ItemResult, RoundPlan
+from ignisd.plan import ItemResult, RoundPlan, RoundResult
 from ignisd.request import DoneEvent, ErrorEvent, FinishReason, Request, SamplingParams, TokenEvent
 from ignisd.scheduler import Scheduler
 
@@ -33,7 +33,7 @@ class FakeRunner:
         self.stop_at: dict[str, int] = {}      # seq id -> the position whose prediction is the stop token
         self.hooks: dict[int, object] = {}    # round index -> called in the worker thread during that round
 
-    def execute(self, plan: RoundPlan) -> list[ItemResult]:
+    def execute(self, plan: RoundPlan) -> RoundResult:
         self.plans.append(plan)
         hook = self.hooks.get(len(self.plans) - 1)
         if hook is not None:
@@ -45,7 +45,7 @@ class FakeRunner:
             pos = it.start + len(it.token_ids)
             tok = STOP if self.stop_at.get(it.seq_id) == pos else 500 + pos
             out.append(ItemResult(token_id=tok if it.sample else None))
-        return out
+        return RoundResult(out)
 
     def forget(self, rid: str) -> None:
         self.forgotten.append(rid)
@@ -223,3 +223,67 @@ def test_hybrid_resume_restores_the_image_into_the_live_slot():
     ck = next(s for s in engine.cache.retained.states() if s.kind == "checkpoint")
     assert (rs.slot_tier, rs.slot, rs.dst_slot) == ("host", ck.slot, 0)
     assert engine.cache.slots.free == 4
+
+
+def make_tiered(*, lanes=2, pages=32, arena_pages=16, window=2):
+    from ignisd.cache.extents import ExtentAllocator
+    from ignisd.cache.tiers import Tiers
+    pool = PagePool(pages, PT)
+    store = RetainedStore(Stamp("h", "fp32"), page_tokens=PT, device_slots=StateSlots(0),
+                          host_slots=StateSlots(0), needs_slot=False)
+    tiers = Tiers(ExtentAllocator(arena_pages * 4096, align=4096) if arena_pages else None, 0, 4096)
+    cache = CacheManager(pool, 4096, retained=store, tiers=tiers)
+    sched = Scheduler(cache, lanes=lanes, context_tokens=4096, prefill_chunk=64, round_prefill_tokens=256,
+                      max_queue=16, evict_window_pages=window)
+    runner = FakeRunner()
+    return Engine(sched, runner), runner
+
+
+@pytest.mark.parametrize("arena_pages", [16, 0])
+def test_an_interactive_request_evicts_the_latest_agent_which_resumes_where_it_stopped(arena_pages):
+    """Lanes full of agent work: an interactive request moves the latest agent down a window of pages a round (the
+    other agent keeps decoding every round), takes its lane, and the evicted one resumes with its own bytes (or, with
+    no KV-RAM, is recomputed) and continues: its tokens are exactly what an uninterrupted run gives (the fake runner
+    answers 500 + position), none repeated or lost."""
+    from ignisd.request import Priority
+    engine, runner = make_tiered(arena_pages=arena_pages)
+
+    async def body(e):
+        loop = asyncio.get_running_loop()
+        qs = {}
+
+        def arrive():
+            qs["i"] = e.submit(req("i", list(range(7000, 7100)), max_tokens=3))
+        runner.hooks[12] = lambda: loop.call_soon_threadsafe(arrive)
+        qa = e.submit(req("a1", list(range(2000, 2300)), max_tokens=40, priority=Priority.AGENT))
+        qb = e.submit(req("a2", list(range(3000, 3300)), max_tokens=40, priority=Priority.AGENT))
+        ea, eb = await drain(qa), await drain(qb)
+        while "i" not in qs:
+            await asyncio.sleep(0.001)
+        return ea, eb, await drain(qs["i"])
+
+    ea, eb, ei = run(engine, body)
+    for evs in (ea, eb):                         # both agents: exactly the uninterrupted token sequence
+        assert [ev.token_id for ev in evs if isinstance(ev, TokenEvent)] == [800 + k for k in range(40)]
+        assert evs[-1].finish_reason is FinishReason.LENGTH and evs[-1].generated_tokens == 40
+    assert [ev.token_id for ev in ei if isinstance(ev, TokenEvent)] == [600, 601, 602]
+    plans = runner.plans
+    a2_rounds = [k for k, p in enumerate(plans) if any(it.seq_id == "a2" for it in p.items)]
+    a1_rounds = [k for k, p in enumerate(plans) if any(it.seq_id == "a1" for it in p.items)]
+    gap = [k for k in range(a2_rounds[0], a2_rounds[-1]) if k not in a2_rounds]
+    assert gap and not set(gap) & set(range(a1_rounds[0], a1_rounds[-1] + 1)) - set(a1_rounds)
+    assert all(any(it.seq_id == "a1" for it in plans[k].items) for k in gap)   # a1 never stopped meanwhile
+    if arena_pages:
+        moves = [mv for p in plans for mv in p.moves if mv.state_id == "a2"]
+        assert [len(mv.pages) for mv in moves] == [2, 2, 1]                      # 5 pages, a window of 2 a round
+        assert [mv.dst_offset for mv in moves] == [moves[0].dst_offset + k * 2 * 4096 for k in range(3)]
+        (rs,) = [r for p in plans for r in p.restores if r.seq_id == "a2"]
+        assert rs.tier == "ram" and rs.src_offset == moves[0].dst_offset and len(rs.dst_pages) == 5
+        assert engine.scheduler.evictions.evicted_total == 1
+    else:                                        # recomputed: prompt + generated but the last, then decode on
+        assert engine.scheduler.evictions.recomputed_total == 1
+        redo = [it for p in plans for it in p.items if it.seq_id == "a2" and it.phase == "prefill"][-1]
+        before = sum(1 for k in a2_rounds if k < gap[0] for it in plans[k].items if it.seq_id == "a2" and it.sample)
+        assert not redo.sample and redo.start + len(redo.token_ids) == 300 + before - 1
+    engine.cache.check_integrity()
+    assert engine.cache.tiers.arena is None or engine.cache.tiers.arena.used_bytes == 0

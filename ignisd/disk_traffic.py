@@ -1,0 +1,134 @@
+"""KV-disk traffic off the round path (DESIGN §2, §4.5): the engine's writes, reads and deletes of state files.
+
+†: imports no torch. The round that runs a "to_bytes" move hands the state's bytes to `DiskTraffic.written_out`;
+the file is written by a task on the event loop (aiofiles through cache/disk_store.py: temporary name, fsync,
+rename) while the next rounds run, and until it is in place a restore uses the bytes in memory. A waiting request
+whose best match is on KV-disk gets the file read back and verified by `poll` before it is admitted. A fault (no
+space, an I/O error, a file removed underneath, a corrupt file) drops that state, counts the error, logs one
+warning, and serving goes on.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from ignisd.log import get_logger
+
+log = get_logger("tier")
+
+
+class DiskTraffic:
+    """The KV-disk I/O of one engine.
+
+    cache: the CacheManager. disk: the DiskStore (None: KV-disk off; every method is then a no-op). wake: called when
+    a read or write finished (the engine's loop wakes to admit or to run). metrics: ignisd.metrics.Metrics or None.
+    """
+
+    def __init__(self, cache, disk, wake, metrics=None):
+        self.cache = cache
+        self.disk = disk
+        self.wake = wake
+        self.metrics = metrics
+        self._tasks: dict[str, asyncio.Task] = {}     # state id -> its write or read in flight
+
+    @property
+    def busy(self) -> bool:
+        """A read or write is in flight."""
+        return any(not t.done() for t in self._tasks.values())
+
+    def written_out(self, snapshots: dict[str, bytes]) -> None:
+        """A round produced these states' bytes: keep them for restores and start writing their files."""
+        for sid, payload in snapshots.items():
+            if self.cache.bytes_ready(sid, payload) and self.disk is not None:
+                self._start(sid, self._write(sid, payload))
+
+    def poll(self) -> None:
+        """Start reading the files that waiting requests need, and remove the files of dropped states."""
+        if self.disk is None:
+            return
+        for key in self.cache.take_disk_deletes():
+            try:
+                self.disk.delete(key)
+            except OSError as e:
+                self._fault("delete", key, e)
+        for sid in self.cache.loads_wanted():
+            if sid not in self._tasks or self._tasks[sid].done():
+                self._start(sid, self._read(sid))
+
+    def _start(self, sid: str, coro) -> None:
+        self._tasks[sid] = asyncio.ensure_future(coro)
+
+    async def _write(self, sid: str, payload: bytes) -> None:
+        record = self.cache.disk_record(sid)
+        if record is None:
+            return
+        n = record.pages_bytes
+        try:
+            size = await self.disk.write(record, memoryview(payload)[:n], memoryview(payload)[n:])
+        except OSError as e:
+            self._fault("write", sid, e)
+            self.cache.disk_failed(sid)
+        else:
+            if not self.cache.disk_written(sid, size):      # dropped while it was written
+                self._delete_quietly(record.key)
+            elif self.metrics is not None:
+                self.metrics.tier_disk_writes.inc()
+                self.metrics.tier_disk_write_bytes.inc(size)
+        finally:
+            self._tasks.pop(sid, None)
+            self.wake()
+
+    async def _read(self, sid: str) -> None:
+        key = self.cache.disk_file(sid)
+        if key is None:
+            return
+        try:
+            record, pages, image = await self.disk.read(key)
+            want = self.cache.disk_record(sid)
+            if want is None or record != want:
+                raise OSError(f"KV-disk file {key} holds another state than the index says")
+        except OSError as e:
+            self._fault("read", sid, e)
+            self.cache.disk_failed(sid)
+        else:
+            self.cache.bytes_ready(sid, bytes(pages) + bytes(image))
+            if self.metrics is not None:
+                self.metrics.tier_disk_reads.inc()
+                self.metrics.tier_disk_read_bytes.inc(len(pages) + len(image))
+        finally:
+            self._tasks.pop(sid, None)
+            self.wake()
+
+    def _delete_quietly(self, key: str) -> None:
+        try:
+            self.disk.delete(key)
+        except OSError as e:
+            self._fault("delete", key, e)
+
+    def _fault(self, op: str, what: str, e: OSError) -> None:
+        log.warning("kv_disk_error", op=op, state=what, error=f"{type(e).__name__}: {e}")
+        if self.metrics is not None:
+            self.metrics.tier_disk_errors.inc()
+
+    async def flush(self, snapshots: dict[str, bytes], deadline: float) -> int:
+        """Write the files of a shutdown flush (the bytes of ``CacheManager.plan_flush``'s moves), in order, until
+        `deadline` (loop time). Returns how many were written."""
+        loop = asyncio.get_running_loop()
+        done = 0
+        for sid, payload in snapshots.items():
+            record = self.cache.disk_record(sid, any_tier=True)
+            if record is None or loop.time() >= deadline:
+                continue
+            n = record.pages_bytes
+            try:
+                await asyncio.wait_for(self.disk.write(record, memoryview(payload)[:n], memoryview(payload)[n:]),
+                                       max(0.01, deadline - loop.time()))
+                done += 1
+            except (OSError, asyncio.TimeoutError) as e:
+                self._fault("flush", sid, e if isinstance(e, OSError) else OSError("shutdown grace ran out"))
+        return done
+
+    async def drain(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the reads and writes in flight (shutdown)."""
+        pending = [t for t in self._tasks.values() if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)

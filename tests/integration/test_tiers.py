@@ -1,0 +1,235 @@
+"""Three tiers over the socket (DESIGN §4.5, issue 9): a conversation's retained state is hit on the device, pushed
+to KV-RAM and then to KV-disk by other traffic, and hit from each tier with the cold run's greedy output; floors;
+a restart indexes the KV-disk files again (after SIGTERM and after kill -9); a corrupt file is never used; a full or
+failing KV-disk keeps the daemon serving. Every test ends with the accounting proven (the engine's integrity check
+runs when idle: a failure there is logged and the daemon's status would not settle)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from daemon_support import DaemonProc
+
+WORDS = ("river bridge market garden harbour tower museum street square palace canal station library theatre "
+         "castle forest meadow valley mountain island").split()
+
+
+def words(n: int, salt: int = 0) -> str:
+    return " ".join(WORDS[(i * 7 + salt) % len(WORDS)] for i in range(n))
+
+
+def convo(salt: int, turns: int = 1) -> list[dict]:
+    """A system block, a long first user message, and `turns - 1` scripted later turns."""
+    msgs = [{"role": "system", "content": f"System {salt}. You answer about " + words(80, salt)},
+            {"role": "user", "content": f"Question {salt}: tell me about " + words(90, salt + 1)}]
+    for t in range(1, turns):
+        msgs += [{"role": "assistant", "content": f"Answer {t} " + words(12, salt + t)},
+                 {"role": "user", "content": f"Follow-up {t}: " + words(20, salt + 2 * t)}]
+    return msgs
+
+
+def chat(c, rid, msgs, max_tokens=6):
+    r = c.request({"id": rid, "op": "chat", "messages": msgs, "temperature": 0, "max_tokens": max_tokens})
+    assert r["type"] == "done", r
+    return r
+
+
+def page_bytes(model_dir: Path) -> int:
+    from ignisd.cache.kv_format import get_kv_format
+    from ignisd.model.spec import ModelSpec
+    spec = ModelSpec.from_hf_config(json.loads((model_dir / "config.json").read_text()), "tiny")
+    return get_kv_format("fp32").page_bytes(spec, 64)
+
+
+def tiers_of(d) -> dict:
+    return {t["tier"]: t for t in d.status()["tiers"]}
+
+
+def where(d, tokens: int) -> str | None:
+    """The tier of the retained checkpoint of `tokens` tokens (None when gone)."""
+    rows = [r for r in d.status()["retained"] if r["kind"] == "checkpoint" and r["tokens"] == tokens]
+    return rows[0]["tier"] if rows else None
+
+
+def checkpoint_tokens(d) -> int:
+    """The length of the (only) retained checkpoint."""
+    (ck,) = [r["tokens"] for r in d.status()["retained"] if r["kind"] == "checkpoint"]
+    return ck
+
+
+def push(c, d, tokens: int, want: str, salt0: int) -> int:
+    """Send other conversations until the checkpoint of `tokens` tokens sits in tier `want`."""
+    salt = salt0
+    for _ in range(40):
+        if where(d, tokens) == want:
+            return salt
+        chat(c, f"push{salt}", convo(salt), max_tokens=2)
+        salt += 1
+        d.wait_idle()
+    raise AssertionError(f"the checkpoint never reached {want}: {d.status()['retained']}")
+
+
+@pytest.fixture(scope="module")
+def cold(start_daemon, tiny_llama_dir):
+    return start_daemon(["--model", str(tiny_llama_dir), "--lanes", "1", "--vram-kv-pool-bytes", "4Ktok",
+                         "--model-context-tokens", "1024", "--reuse-prompt", "off"])
+
+
+def tiered_args(model_dir: Path, disk_dir: Path, arena_pages: int = 12, disk: str = "64M") -> list[str]:
+    return ["--model", str(model_dir), "--lanes", "1", "--vram-kv-pool-bytes", "1Ktok",
+            "--model-context-tokens", "512", "--reuse-kv-host-pool-bytes", str(arena_pages * page_bytes(model_dir)),
+            "--kv-disk-bytes", disk, "--kv-disk-dir", str(disk_dir),
+            # the tiny model prefills faster than a disk restore pays for: these tests want every tier hit
+            "--reuse-restore-floor-ram", "1", "--reuse-restore-floor-disk", "1"]
+
+
+def test_churn_hits_each_tier_with_the_cold_output(start_daemon, tiny_llama_dir, cold, tmp_path):
+    d = start_daemon(tiered_args(tiny_llama_dir, tmp_path / "kv"))
+    c = d.conn()
+    first = chat(c, "t1", convo(1))
+    turn2 = convo(1, turns=2)
+    want = chat(cold.conn(), "cold", turn2)
+    d.wait_idle()
+    ck = checkpoint_tokens(d)                         # turn 1's checkpoint at its generation opener
+    assert 0 < ck < first["usage"]["prompt_tokens"] and where(d, ck) == "device"
+    seen = {}
+    salt = 100
+    for tier in ("device", "ram", "disk"):
+        salt = push(c, d, ck, tier, salt)
+        r = chat(c, f"t2-{tier}", turn2)
+        reuse = r["ignis"]["reuse"]
+        seen[tier] = (reuse["tier"], reuse["kind"], r["usage"]["prompt_tokens_details"]["cached_tokens"])
+        assert r["text"] == want["text"], tier
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == reuse["cached_tokens"]
+        d.wait_idle()
+    assert seen == {t: (t, "checkpoint", ck) for t in ("device", "ram", "disk")}
+    t = tiers_of(d)
+    assert t["ram"]["bytes_total"] == 12 * page_bytes(tiny_llama_dir) and t["disk"]["states"] >= 1
+    assert "integrity_failed" not in d.log() and "Traceback" not in d.log()
+
+
+def test_restart_hits_kv_disk_and_a_corrupt_file_is_never_used(tiny_llama_dir, cold, tmp_path):
+    kv = tmp_path / "kv"
+    args = tiered_args(tiny_llama_dir, kv)
+    base = Path(tempfile.mkdtemp(prefix="ignis-tier-", dir="/tmp"))
+    for sub in "abc":
+        (base / sub).mkdir()
+    d = DaemonProc(args, base / "a")
+    try:
+        c = d.conn()
+        chat(c, "t1", convo(7))
+        d.wait_idle()
+        ck = checkpoint_tokens(d)
+        chat(c, "other", convo(8))
+        d.wait_idle()
+    finally:
+        assert d.stop() == 0                       # SIGTERM: the retained states are written to KV-disk
+    files = sorted(kv.glob("*.ignkv"))
+    assert len(files) >= 2, d.log()
+    turn2 = convo(7, turns=2)
+    want = chat(cold.conn(), "cold", turn2)
+    d = DaemonProc(args, base / "b")
+    try:
+        r = chat(d.conn(), "t2", turn2)
+        assert r["ignis"]["reuse"]["tier"] == "disk" and r["text"] == want["text"]
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == ck
+    finally:
+        d.proc.send_signal(signal.SIGKILL)        # kill -9: nothing flushed, nothing half-written is ever used
+        d.proc.wait(30)
+    for f in kv.glob("*.ignkv"):                  # corrupt every file's last byte
+        data = bytearray(f.read_bytes())
+        data[-1] ^= 0xFF
+        f.write_bytes(bytes(data))
+    (kv / ".lock").unlink(missing_ok=True)
+    d = DaemonProc(args, base / "c")
+    try:
+        r = chat(d.conn(), "t2", turn2)
+        assert r["ignis"]["reuse"]["tier"] in (None, "device") and r["text"] == want["text"]
+        assert "kv_disk_index" in d.log() and "corrupt=" in d.log()
+        assert not [f for f in kv.glob("*.ignkv") if f in files]     # the corrupt files were deleted
+        d.wait_idle()
+        assert "integrity_failed" not in d.log() and "Traceback" not in d.log()
+    finally:
+        assert d.stop() == 0
+
+
+def test_a_full_or_failing_kv_disk_keeps_serving(start_daemon, tiny_llama_dir, cold, tmp_path):
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
+                             capture_output=True).returncode == 0
+    try:
+        kv = mnt if mounted else tmp_path / "ro"
+        kv.mkdir(exist_ok=True)
+        d = start_daemon(tiered_args(tiny_llama_dir, kv, arena_pages=6, disk="8M"))
+        c = d.conn()
+        if not mounted:                          # fallback: the directory disappears under the daemon
+            for f in kv.iterdir():
+                if f.name != ".lock":
+                    f.unlink()
+            os.chmod(kv, 0o500)
+        want = chat(cold.conn(), "cold", convo(3, turns=2))
+        for salt in range(20, 32):
+            chat(c, f"fill{salt}", convo(salt), max_tokens=2)
+        r = chat(c, "after", convo(3, turns=2))
+        assert r["text"] == want["text"]
+        st = d.wait_idle()
+        assert st["kv_pool"]["pages_live"] == 0
+        assert "integrity_failed" not in d.log() and "Traceback" not in d.log()
+        metrics = c.request({"id": "m", "op": "metrics"})["result"]["text"]
+        errors = [ln for ln in metrics.splitlines() if ln.startswith("ignis_tier_disk_errors_total")]
+        if mounted:
+            assert errors and float(errors[0].split()[-1]) >= 1, "a 256 KiB tmpfs must fill up"
+            assert "kv_disk_error" in d.log()
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.parametrize("arena", ["8M", "0"])
+def test_live_eviction_resumes_bit_exact_and_streams_every_token_once(start_daemon, tiny_llama_dir, cold, arena):
+    """Two lanes full of agent work; an interactive request forces an eviction. The evicted agent's final text is an
+    uninterrupted run's, and its streamed deltas concatenate to exactly that text (moved to KV-RAM and restored, or
+    with no KV-RAM recomputed)."""
+    import threading
+    d = start_daemon(["--model", str(tiny_llama_dir), "--lanes", "2", "--vram-kv-pool-bytes", "4Ktok",
+                      "--model-context-tokens", "1024", "--reuse-kv-host-pool-bytes", arena,
+                      "--reuse-evict-window-pages", "2"])
+    agents = {f"a{k}": convo(40 + k) for k in range(2)}
+    want = {rid: chat(cold.conn(), rid, m, max_tokens=120)["text"] for rid, m in agents.items()}
+    out = {}
+
+    def agent(rid, msgs):
+        c = d.conn()
+        c.send({"id": rid, "op": "chat", "messages": msgs, "temperature": 0, "max_tokens": 120, "stream": True,
+                "priority": "agent"})
+        deltas, done = c.until_done(rid)
+        out[rid] = ("".join(x.get("text", "") for x in deltas), done)
+
+    threads = [threading.Thread(target=agent, args=(rid, m)) for rid, m in agents.items()]
+    for t in threads:
+        t.start()
+    c = d.conn()
+    while sum(r["generated"] > 10 for r in d.status()["requests"]) < 2:
+        pass
+    r = chat(c, "inter", convo(60), max_tokens=4)
+    for t in threads:
+        t.join(120)
+    assert r["finish_reason"] in ("length", "stop")
+    for rid in agents:
+        streamed, done = out[rid]
+        assert done["text"] == want[rid], rid
+        assert streamed == done["text"], rid
+    metrics = c.request({"id": "m", "op": "metrics"})["result"]["text"]
+    how = "moved" if arena != "0" else "recomputed"
+    line = next(ln for ln in metrics.splitlines() if ln.startswith(f'ignis_live_evictions_total{{how="{how}"}}'))
+    assert float(line.split()[-1]) >= 1, metrics
+    assert d.wait_idle()["kv_pool"]["pages_live"] == 0
+    log = d.log()
+    assert "integrity_failed" not in log and "round_failed" not in log and "Traceback" not in log
