@@ -118,3 +118,37 @@ def test_hybrid_hq_turn2_and_burst(qwen_hq, qwen_hq_off):
     co.close()
     c.close()
     settle(qwen_hq)
+
+
+@pytest.fixture(scope="module")
+def tiny_hq_cold(start_daemon, tiny_llama_dir):
+    return start_daemon(["--model", str(tiny_llama_dir), "--lanes", "1", "--vram-kv-pool-bytes", "4Ktok",
+                         "--model-context-tokens", "1024", "--reuse-prompt", "off", *HQ])
+
+
+def test_churn_under_hq_hits_each_tier_with_the_cold_output(start_daemon, tiny_llama_dir, tiny_hq_cold, tmp_path):
+    """The tiers issue's churn test with hq-e8-2b pages: turn 1's checkpoint (its encoded pages + an image holding
+    the exact window) is hit on the device, from KV-RAM and from KV-disk, each time with the cold run's output."""
+    from test_tiers import chat as tchat
+    from test_tiers import checkpoint_tokens, convo, push, tiered_args
+    # hq-e8-2b gives an all-attention model an image (the window) and so image slots; enough of them that page
+    # pressure, not slot pressure, moves turn 1's checkpoint down (slot pressure sends a state straight to disk)
+    d = start_daemon(tiered_args(tiny_llama_dir, tmp_path / "kv") + HQ + ["--reuse-host-slots-per-lane", "48"])
+    c = d.conn()
+    first = tchat(c, "t1", convo(1))
+    turn2 = convo(1, turns=2)
+    want = tchat(tiny_hq_cold.conn(), "cold", turn2)
+    d.wait_idle()
+    ck = checkpoint_tokens(d)
+    assert 3 * 64 < ck < first["usage"]["prompt_tokens"]     # some pages were encoded before the checkpoint
+    seen = {}
+    salt = 100
+    for tier in ("device", "ram", "disk"):
+        salt = push(c, d, ck, tier, salt)
+        r = tchat(c, f"t2-{tier}", turn2)
+        reuse = r["ignis"]["reuse"]
+        seen[tier] = (reuse["tier"], reuse["kind"], r["usage"]["prompt_tokens_details"]["cached_tokens"])
+        assert r["text"] == want["text"], tier
+        d.wait_idle()
+    assert seen == {t: (t, "checkpoint", ck) for t in ("device", "ram", "disk")}
+    assert "integrity_failed" not in d.log() and "Traceback" not in d.log()
