@@ -199,7 +199,8 @@ def _to_i16(codes: torch.Tensor) -> torch.Tensor:
 
 def codewords(codes: torch.Tensor) -> torch.Tensor:
     """The decoded codewords c of records: codes int16/int64 [..., d/8] -> float32 [..., d] (§2.5)."""
-    c = decode_table(codes.device)[codes.long() & 0xFFFF]
+    idx = codes.reshape(-1).to(torch.int32) & 0xFFFF          # int32 index_select: ~2x faster than [] on long
+    c = decode_table(codes.device).index_select(0, idx)
     return c.reshape(*codes.shape[:-1], codes.shape[-1] * CHUNK)
 
 
