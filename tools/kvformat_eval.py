@@ -48,7 +48,7 @@ def make_store(spec, variant: str, tokens: int, exact_window: int = 64, exact_si
     else:
         fmt = get_kv_format(variant, exact_window, exact_sinks)
         kv = KVStore(fmt, spec, pages)
-    buffers = fmt.seq_state_buffers(spec)
+    buffers = spec.state_buffers() + fmt.seq_state_buffers(spec)      # a hybrid's GDN state + the window
     return kv, (StateStore(buffers, 1) if buffers else None)
 
 
