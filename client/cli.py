@@ -1,7 +1,8 @@
 """The ``ignis`` command: talk to a running ignisd.
 
     ignis chat "text" [--system S] [--max-tokens N] [--temperature T] [--seed N]   streams the answer (greedy)
-    ignis status | ignis metrics | ignis health
+    ignis status [--watch] [--json]    the pools, lanes, queue and retained states as text bars (--json: the raw op)
+    ignis metrics | ignis health
 
 Every subcommand takes ``--socket PATH`` (default: resolved as in DESIGN §6), ``--api-key-file FILE`` (or
 $IGNIS_API_KEY) and ``--timeout S``. Exit status: 0 on success, 1 on an error reply or when no daemon is listening,
@@ -13,8 +14,12 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from .client import Client, DaemonNotRunning, IgnisError
+from .status_view import render_status
+
+CLEAR = "\x1b[H\x1b[2J"      # cursor home + clear screen (ANSI), before each --watch redraw
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,7 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-tokens", type=int, default=None, help="cap on generated tokens (default: the daemon's)")
     chat.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     chat.add_argument("--seed", type=int, default=None, help="sampling seed")
-    sub.add_parser("status", parents=[common], help="print the daemon's status as JSON")
+    status = sub.add_parser("status", parents=[common], help="draw the pools, lanes, queue and retained states")
+    status.add_argument("--watch", action="store_true", help="redraw every second until interrupted")
+    status.add_argument("--json", action="store_true", help="print the raw status op as JSON")
     sub.add_parser("metrics", parents=[common], help="print the Prometheus metrics")
     sub.add_parser("health", parents=[common], help="print health; exit 1 unless ok")
     return p
@@ -75,6 +82,17 @@ def _chat(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(client: Client, args: argparse.Namespace) -> int:
+    while True:
+        st = client.status()
+        text = json.dumps(st, indent=2, ensure_ascii=False) + "\n" if args.json else render_status(st)
+        sys.stdout.write((CLEAR if args.watch else "") + text)
+        sys.stdout.flush()
+        if not args.watch:
+            return 0
+        time.sleep(1.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``ignis``; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -88,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.cmd == "chat":
                 return _chat(client, args)
             if args.cmd == "status":
-                print(json.dumps(client.status(), indent=2, ensure_ascii=False))
+                return _status(client, args)
             elif args.cmd == "metrics":
                 sys.stdout.write(client.metrics()["text"])
             elif args.cmd == "health":

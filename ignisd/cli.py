@@ -1,4 +1,9 @@
-"""`ignisd serve [flags]`: parse the configuration (DESIGN §6) and run the daemon."""
+"""The `ignisd` command: `ignisd serve [flags]` runs the daemon (DESIGN §6); `ignisd install-unit` installs the systemd
+units (ignisd.install_unit).
+
+Exit codes of serve: 0 after a clean stop, 2 for a configuration value that is refused, 1 for anything else that
+stops the start (a model that cannot be loaded, another daemon on the socket).
+"""
 from __future__ import annotations
 
 import asyncio
@@ -6,23 +11,32 @@ import sys
 
 from ignisd.config import ConfigError, parse_serve_args
 
+USAGE = ("usage: ignisd serve [--config FILE] [--model PATH] [--socket PATH] [--section-key VALUE ...]\n"
+         "       ignisd install-unit [--root DIR] [--config PATH] [--ignisd PATH] [--no-reload]\n"
+         "Every configuration key section.key_name has the flag --section-key-name (see README).")
+
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `ignisd` command. Returns the process exit code (2 for a configuration error)."""
+    """Entry point of the `ignisd` command. Returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: ignisd serve [--config FILE] [--model PATH] [--socket PATH] [--section-key VALUE ...]\n"
-              "Every configuration key section.key_name has the flag --section-key-name (see README).")
+        print(USAGE)
         return 0 if argv else 2
+    if argv[0] == "install-unit":
+        from ignisd.install_unit import main as install_main
+        return install_main(argv[1:])
     if argv[0] != "serve":
-        print(f"ignisd: unknown command {argv[0]!r}; the command is `ignisd serve`", file=sys.stderr)
+        print(f"ignisd: unknown command {argv[0]!r}; the commands are `ignisd serve` and `ignisd install-unit`",
+              file=sys.stderr)
         return 2
+    import signal
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)   # a reload sent while torch imports must not kill the start
+    from ignisd.log import setup_logging, stderr_message
     try:
         cfg = parse_serve_args(argv[1:])
     except ConfigError as e:
-        print(f"ignisd: configuration error: {e}", file=sys.stderr)
+        print(stderr_message(f"ignisd: configuration error: {e}"), file=sys.stderr)
         return 2
-    from ignisd.log import setup_logging
     setup_logging(cfg.server.log_level)
     from ignisd.daemon import Daemon
     from ignisd.preflight import StartupError
@@ -32,10 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         run = asyncio.run
     try:
-        daemon = Daemon(cfg)
+        daemon = Daemon(cfg, argv[1:])
         run(daemon.run())
     except StartupError as e:
-        print(f"ignisd: {e}", file=sys.stderr)
+        print(stderr_message(f"ignisd: {e}"), file=sys.stderr)
         return e.exit_code
     return 0
 

@@ -1,200 +1,245 @@
-"""Composition root: load the model, size the KV pool, start engine + server, handle signals, sd_notify (DESIGN §2-§3).
+"""Composition root and process lifecycle: listeners, the model host, signals, sd_notify (DESIGN §2-§3, issue 13).
+
+Start: every check that needs no weights (exit 2 naming the key), then the socket listens — bound here with its
+mode and group set before it listens, or passed by systemd (LISTEN_FDS, ignisd.systemd) — so `health` answers
+``ok: false, state: loading`` while the weights load in a worker thread (a tqdm bar on a terminal, STATUS= lines
+under systemd). After one warm-up round: READY=1. The model itself (pools, engine, edge) is ignisd.model_stack;
+its life (idle unload, reload, honest health) is ignisd.lifecycle.ModelHost.
+
+Signals: SIGTERM / SIGINT stop accepting, give running requests server.shutdown_grace_s, cancel the rest (each ends
+with its `done`), remove the socket (not one systemd passed) and exit 0; a second one cuts the grace and exits at
+once. SIGHUP re-reads the configuration (the --config file, then the same flags): keys that need a reload drain and
+reload, the others apply at once, listener keys wait for a restart; one `reload` log line says which
+(ignisd.reload).
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
-import socket
-import time
 from pathlib import Path
 
-import torch
-
-from ignisd.cache.kv_format import get_kv_format
-from ignisd.cache.kv_store import KVStore
-from ignisd.cache.manager import CacheManager
-from ignisd.cache.page_pool import PagePool
-from ignisd.cache.retained import RetainedStore
-from ignisd.cache.retained_state import Stamp
-from ignisd.cache.state_slots import StateSlots
-from ignisd.cache.state_store import StateStore
-from ignisd.config import Config
-from ignisd.edge import Edge
-from ignisd.cache import transfer
-from ignisd.engine import Engine
+from ignisd.config import Config, ConfigError, parse_serve_args
+from ignisd.fronts.http import HttpFront
 from ignisd.fronts.ndjson import NdjsonFront
-from ignisd.log import get_logger
-from ignisd.metrics import Metrics
-from ignisd.model.loader import load_model, open_model
-from ignisd.preflight import (StartupError, check_arena, check_formats, choose_kv_format, context_tokens,
-                              mem_available_bytes, plan_pool_pages, read_api_key)
-from ignisd.runner import Runner
-from ignisd.scheduler import Scheduler
+from ignisd.health import Heartbeat
+from ignisd.lifecycle import ModelHost, State
+from ignisd.log import get_logger, set_level
+from ignisd.metrics import Metrics, MetricsListener
+from ignisd.model_stack import ModelStack, preflight
+from ignisd.preflight import StartupError, read_api_key
+from ignisd.progress import LoadProgress
+from ignisd.reload import effective_config, plan_reload
 from ignisd.server import Server
-from ignisd.text.chat_template import ChatTemplate
-from ignisd.tier_setup import build_tiers, index_disk, measure_prefill
-from ignisd.text.tokenizer import Tokenizer
-from ignisd.unix_socket import prepare_socket, socket_gid
-from ignisd.vocab import PAGE_TOKENS
+from ignisd.systemd import Notifier, inherited_sockets, match_sockets
+from ignisd.unix_socket import bind_socket, prepare_socket, set_socket_access, socket_gid
 
-log = get_logger("model")
-# how each architecture's chat output is split into reasoning / tool calls (ignisd.text.output_parser)
-OUTPUT_FAMILIES = {"qwen3_5": "qwen3_5", "qwen3_next": "qwen3"}
-
-
-def sd_notify(state: str) -> None:
-    """Send `state` (e.g. "READY=1") to systemd's notify socket when $NOTIFY_SOCKET is set (sd_notify(3))."""
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(addr)
-            s.sendall(state.encode())
-        except OSError:
-            pass
+log = get_logger("srv")
 
 
 class Daemon:
-    """The whole process: model, pool, engine, server. Build with `Daemon(cfg)`, run with `await daemon.run()`."""
+    """The whole process. Build with ``Daemon(cfg, argv)`` (argv: the `ignisd serve` flags, re-parsed on SIGHUP),
+    run with ``await daemon.run()``. Raises StartupError for what cannot start."""
 
-    def __init__(self, cfg: Config):
-        self.cfg = cfg
-        # everything that can be refused without the weights is refused before they load (exit 2, key named)
-        prepare_socket(cfg.server.socket)
+    def __init__(self, cfg: Config, argv: list[str] | None = None):
+        self.cfg, self.argv = cfg, list(argv) if argv is not None else None
+        self.notifier = Notifier()
+        try:
+            socks = inherited_sockets()
+        except ValueError as e:
+            raise StartupError(f"socket activation: {e}", exit_code=2) from None
+        self.listeners, unused = match_sockets(socks)
+        for s in unused:
+            log.warning("inherited_socket_unused", name=s.name, address=s.describe(),
+                        expected="FileDescriptorName=ndjson or http")
+            s.sock.close()
+        self.inherited = "ndjson" in self.listeners
+        if not self.inherited:   # everything that can be refused without the weights is refused before they load
+            prepare_socket(cfg.server.socket)
         self.socket_gid = socket_gid(cfg.server.socket_group)
-        api_key = read_api_key(cfg.server.api_key_file)
-        check_formats(cfg)
-        where = cfg.model.path or "the built-in model"
-        try:
-            source = open_model(cfg.model.path)
-        except (OSError, ValueError, KeyError) as e:
-            raise StartupError(f"model.path {where}: cannot load: {e}") from None
-        spec = source.spec
-        self.kv_format, kv_why = choose_kv_format(cfg, spec.head_dim)
-        fmt = get_kv_format(self.kv_format, cfg.kv.exact_window, cfg.kv.exact_sinks)
-        context = context_tokens(cfg, spec.context_tokens)
-        mem = mem_available_bytes()
-        pages = plan_pool_pages(cfg, fmt.bytes_per_token(spec), context, mem)
-        check_arena(cfg, mem)
-        t0 = time.monotonic()
-        torch.set_num_threads(cfg.effective_threads())
-        try:
-            self.loaded = load_model(source)
-        except Exception as e:  # any failure reading the weights (safetensors, gguf, shapes) is a load failure
-            raise StartupError(f"model.path {where}: cannot load: {type(e).__name__}: {e}") from None
-        spec = self.loaded.spec
-        src = self.loaded.source
-        if self.loaded.kind == "gguf":       # the loader's parse of the file: read the vocabulary from it once
-            self.tokenizer = Tokenizer.from_gguf(src, reader=self.loaded.gguf_reader)
-            self.loaded.gguf_reader = None   # let its memory map go
-        else:
-            self.tokenizer = Tokenizer.from_dir(src)
-        tk = self.tokenizer
-        self.template = ChatTemplate(tk.chat_template, tk.bos_token, tk.eos_token) if tk.chat_template else None
-        self.context = context
-        self.kv = KVStore(fmt, spec, pages, page_tokens=PAGE_TOKENS)
-        state_buffers = spec.state_buffers() + fmt.seq_state_buffers(spec)
+        self._plan = preflight(cfg)
         self.metrics = Metrics()
-        pool = PagePool(pages, PAGE_TOKENS)
-        self.states, slots, state_bytes = None, None, 0
-        if state_buffers:   # the model's (GDN recurrent + conv) and the format's per-sequence state: a slot per lane
-            self.states = StateStore(state_buffers, cfg.server.lanes)
-            slots = StateSlots(cfg.server.lanes)
-            state_bytes = self.states.slot_bytes
-        retained, retained_states, retained_bytes = None, {}, 0
-        rc = cfg.reuse
-        if rc.prompt:   # retained slots reserved at load (DESIGN §4.4); on this CPU both pools are host memory
-            dev_n = rc.device_slots if state_buffers else 0
-            host_n = rc.host_slots_per_lane * cfg.server.lanes if state_buffers else 0
-            if state_buffers:
-                retained_states = {"device": StateStore(state_buffers, dev_n),
-                                   "host": StateStore(state_buffers, host_n)}
-                retained_bytes = sum(st.nbytes for st in retained_states.values())
-            retained = RetainedStore(Stamp(spec.structural_hash(), fmt.stamp), page_tokens=PAGE_TOKENS,
-                                     device_slots=StateSlots(dev_n), host_slots=StateSlots(host_n),
-                                     needs_slot=bool(state_buffers), interactive_ttl=rc.retained_interactive_ttl,
-                                     kv_format=fmt)
-        runner = Runner(self.loaded.model, self.kv, self.states, retained_states)
-        try:
-            self.tier_setup = build_tiers(cfg, self.kv.page_bytes, fmt.bytes_per_token(spec),
-                                          transfer.image_layout(self.states) if self.states is not None else (),
-                                          measure_prefill(runner, self.kv, self.states))
-        except OSError as e:
-            raise StartupError(f"kv.disk_dir {cfg.kv.disk_dir!r}: {e}", exit_code=2) from None
-        runner.arena = self.tier_setup.arena
-        cache = CacheManager(pool, self.kv.page_bytes, slots=slots, state_bytes=state_bytes, retained=retained,
-                             tiers=self.tier_setup.tiers, kv_format=fmt)
-        disk_found = index_disk(self.tier_setup, retained)
-        self.scheduler = Scheduler(cache, lanes=cfg.server.lanes, context_tokens=context,
-                                   prefill_chunk=cfg.server.prefill_chunk,
-                                   round_prefill_tokens=cfg.server.round_prefill_tokens,
-                                   max_queue=cfg.server.max_queue, metrics=self.metrics,
-                                   evict_window_pages=cfg.reuse.evict_window_pages)
-        self.engine = Engine(self.scheduler, runner, self.metrics, disk=self.tier_setup.disk)
-        self.metrics.set_pool(pages, 0, self.kv.page_bytes)
-        model_info = {"name": spec.name, "arch": spec.arch, "kv_format": self.kv_format,
-                      "context_tokens": context, "page_tokens": PAGE_TOKENS, "page_bytes": self.kv.page_bytes,
-                      "state_bytes": state_bytes}
-        self.edge = Edge(self.engine, tk, self.template, model_info=model_info, context_tokens=context,
-                         default_max_tokens=cfg.server.default_max_tokens,
-                         developer_policy=cfg.server.developer_message_policy, metrics=self.metrics,
-                         output_family=OUTPUT_FAMILIES.get(spec.arch, "none"))
-        self.server = Server(NdjsonFront(self.edge), max_line_bytes=cfg.server.max_line_bytes,
-                             max_inflight=cfg.server.max_inflight_per_connection, api_key=api_key,
+        self.heartbeat = Heartbeat(self.notifier)
+        self.host = ModelHost(cfg, self._load, heartbeat=self.heartbeat, notifier=self.notifier,
+                              metrics=self.metrics, model_info=self._plan.model_info())
+        self._api_key = self._plan.api_key
+        self.server = Server(NdjsonFront(self.host), max_line_bytes=cfg.server.max_line_bytes,
+                             max_inflight=cfg.server.max_inflight_per_connection, api_key=self._api_key,
                              metrics=self.metrics)
-        log.info("vram_plan", model=spec.name, model_bytes=self.loaded.weight_bytes, kv_format=self.kv_format,
-                 kv_format_why=kv_why, kv_stamp=fmt.stamp, page_bytes=self.kv.page_bytes, kv_pool_pages=pages,
-                 kv_pool_tokens=pages * PAGE_TOKENS,
-                 kv_pool_bytes=self.kv.nbytes, state_bytes=state_bytes,
-                 live_state_bytes=self.states.nbytes if self.states is not None else 0,
-                 retained_slot_bytes=retained_bytes, reuse_prompt=rc.prompt, **self.tier_setup.info,
-                 kv_disk_found=disk_found.get("usable", 0),
-                 context_tokens=context, lanes=cfg.server.lanes,
-                 load_ms=f"{(time.monotonic() - t0) * 1e3:.0f}")
+        self.http: HttpFront | None = None
+        self.socket_path = cfg.server.socket
+        self.metrics_listener: MetricsListener | None = None
+        self._reload_lock = asyncio.Lock()
 
+    async def _load(self, cfg: Config) -> ModelStack:
+        """The host's load callback: preflight (the start's own, once) and the weights in a worker thread."""
+        plan, self._plan = (self._plan, None) if self._plan is not None and self._plan.cfg is cfg else \
+            (None, None)
+        if plan is None:
+            plan = preflight(cfg)
+        progress = LoadProgress(plan.source.spec.name, self.notifier)
+        return await asyncio.get_running_loop().run_in_executor(None, ModelStack, plan, self.metrics, progress)
+
+    # ---- run ----
     async def run(self) -> None:
-        """Serve until SIGTERM/SIGINT; then stop accepting, give running requests server.shutdown_grace_s to
-        finish (a second signal ends the wait), cancel what is left (each ends with a `done` reply, finish_reason
-        cancelled), and remove the socket."""
+        """Listen, load, serve until SIGTERM / SIGINT, then stop (see the module docstring)."""
         loop = asyncio.get_running_loop()
-        stop, hurry = asyncio.Event(), asyncio.Event()
+        self._stop, self._hurry = asyncio.Event(), asyncio.Event()
 
-        def on_signal() -> None:
-            (hurry if stop.is_set() else stop).set()
+        def on_stop() -> None:
+            (self._hurry if self._stop.is_set() else self._stop).set()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-        path = self.cfg.server.socket
-        prepare_socket(path)
-        engine_task = asyncio.create_task(self.engine.run())
-        await self.server.start(path)
-        os.chmod(path, self.cfg.server.socket_mode)
-        if self.socket_gid is not None:
-            os.chown(path, -1, self.socket_gid)
-        get_logger("srv").info("listening", socket=path, pid=os.getpid())
-        sd_notify("READY=1")
-        await stop.wait()
-        sd_notify("STOPPING=1")
-        srv_log = get_logger("srv")
-        srv_log.info("stopping", running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
-                     grace_s=self.cfg.server.shutdown_grace_s)
+            loop.add_signal_handler(sig, on_stop)
+        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        monitor = asyncio.create_task(self.host.monitor())
+        try:
+            await self._listen()
+            loading = asyncio.create_task(self.host.load("start"))
+            stopping = asyncio.create_task(self._stop.wait())
+            await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not loading.done():      # stopped while the weights load: nothing to save, exit now
+                self.notifier.stopping("stopped while loading")
+                self._remove_socket()
+                log.info("stopped", during="load")
+                logging.shutdown()
+                os._exit(0)
+            stopping.cancel()
+            loading.result()            # raises StartupError when the load failed
+            self.notifier.ready(self.host.status_line())
+            log.info("ready", model=self.host.model_info.get("name"), socket=self.socket_path,
+                     watchdog_s=self.notifier.watchdog_timeout_s)
+            await self._stop.wait()
+            await self._shutdown()
+        finally:
+            monitor.cancel()
+            if self.metrics_listener is not None:
+                self.metrics_listener.close()
+            if self.http is not None:
+                await self.http.close()
+            self._remove_socket()
+
+    async def _listen(self) -> None:
+        cfg = self.cfg.server
+        sock = self.listeners.get("ndjson")
+        if sock is None:
+            sock = bind_socket(self.socket_path, cfg.socket_mode, self.socket_gid)
+        else:
+            self.socket_path = sock.getsockname() or "(inherited)"
+        await self.server.start(sock=sock)
+        inherited_http = self.listeners.pop("http", None)
+        if cfg.http_listen or inherited_http is not None:   # HTTP fronts on the same loop, over the model host
+            self.http = HttpFront(api_key=self._api_key, strip_billing_header=cfg.strip_billing_header,
+                                  max_body_bytes=cfg.max_line_bytes, metrics=self.metrics)
+            self.http.attach(self.host)
+            await self.http.start(cfg.http_listen or "", cfg.socket_mode, self.socket_gid, sock=inherited_http)
+        if cfg.metrics_listen:
+            try:
+                self.metrics_listener = MetricsListener(self.metrics, cfg.metrics_listen)
+            except (OSError, ValueError) as e:
+                raise StartupError(f"server.metrics_listen {cfg.metrics_listen}: cannot listen: {e}",
+                                   exit_code=2) from None
+            host, port = self.metrics_listener.address
+            log.info("metrics_listening", address=f"{host}:{port}")
+        log.info("listening", socket=self.socket_path, pid=os.getpid(), inherited=self.inherited)
+
+    def _remove_socket(self) -> None:
+        if not self.inherited:      # a socket systemd passed belongs to the socket unit
+            try:
+                if Path(self.socket_path).is_socket():
+                    Path(self.socket_path).unlink()
+            except OSError:
+                pass
+
+    async def _shutdown(self) -> None:
+        host = self.host
+        self.notifier.stopping("stopping: finishing running requests")
+        sched = host.current.engine.scheduler if host.current is not None else None
+        log.info("stopping", running=len(sched.running) if sched else 0, waiting=len(sched.waiting) if sched else 0,
+                 grace_s=self.cfg.server.shutdown_grace_s)
+        host.begin_stop()
         self.server.stop_listening()
-        deadline = loop.time() + self.cfg.server.shutdown_grace_s
-        while not self.scheduler.idle() and loop.time() < deadline and not hurry.is_set():
-            await asyncio.sleep(0.05)
-        if not self.scheduler.idle():
-            srv_log.warning("shutdown_cancel", requests=self.engine.cancel_all())
-            deadline = loop.time() + 5
-            while not self.scheduler.idle() and loop.time() < deadline:
-                await asyncio.sleep(0.02)
+        if self.http is not None:
+            await self.http.stop_listening()
+        await host.drain(self.cfg.server.shutdown_grace_s, self._hurry)
         await self.server.close()
-        self.engine.stop()
-        await engine_task
-        if not hurry.is_set():       # KV-disk on: retained states outlive the process (within the grace left)
-            await self.engine.flush_to_disk(max(deadline, loop.time() + 1.0))
-        Path(path).unlink(missing_ok=True)
-        srv_log.info("stopped")
+        if self.http is not None:
+            await self.http.close()
+        if self._hurry.is_set():     # a second signal: do not wait for a long round to end
+            done, _ = await asyncio.wait({asyncio.ensure_future(host.unload("stop", State.STOPPING))}, timeout=1)
+            if not done:
+                self._remove_socket()
+                log.warning("stopped", forced=True)
+                logging.shutdown()
+                os._exit(0)
+        else:
+            await host.unload("stop", State.STOPPING)
+        log.info("stopped", forced=self._hurry.is_set())
+
+    # ---- SIGHUP ----
+    async def reload(self) -> None:
+        """Re-read the configuration and apply it (see ignisd.reload). A configuration that does not parse, or
+        names a key file or group that cannot be used, is refused: nothing changes and the log says why."""
+        async with self._reload_lock:
+            if self._stop.is_set():
+                return
+            while self.host.state is State.LOADING and self.host.current is None and self.host.loads == 0:
+                await asyncio.sleep(0.05)          # the first load finishes first
+            if self.argv is None:
+                log.warning("reload_refused", reason="no command line to re-read")
+                return
+            try:
+                new = parse_serve_args(self.argv)
+            except (ConfigError, SystemExit) as e:
+                log.error("reload_refused", error=str(e))
+                return
+            plan = plan_reload(self.cfg, new)
+            eff = effective_config(self.cfg, new)
+            try:
+                api_key = read_api_key(eff.server.api_key_file)
+                gid = socket_gid(eff.server.socket_group)
+                if plan.needs_reload:
+                    preflight(eff)
+            except StartupError as e:
+                log.error("reload_refused", error=str(e))
+                return
+            log.info("reload", config=self.cfg.config_file, applied_now=",".join(plan.now) or None,
+                     reloading=",".join(plan.reload) or None, restart_needed=",".join(plan.restart) or None)
+            if plan.empty:
+                return
+            self.notifier.reloading("applying a re-read configuration")
+            self._apply_now(eff, api_key, gid)
+            ok = True
+            if plan.needs_reload:
+                ok = await self.host.reload(eff, self.cfg.server.shutdown_grace_s)
+            self.cfg = eff if ok else effective_config(self.cfg, eff, plan.reload)
+            self.host.cfg = self.cfg
+            self.notifier.ready(self.host.status_line())
+            log.info("reloaded", ok=ok, model=self.host.model_info.get("name"))
+
+    def _apply_now(self, cfg: Config, api_key: str | None, gid: int | None) -> None:
+        """Apply the keys that take effect at once (ignisd.reload: "now")."""
+        s = cfg.server
+        set_level(s.log_level)
+        self.server.api_key = api_key
+        self.server.max_inflight = s.max_inflight_per_connection
+        self.server.max_line_bytes = s.max_line_bytes
+        if not self.inherited:
+            try:
+                set_socket_access(self.socket_path, s.socket_mode, gid)
+            except OSError as e:
+                log.error("socket_access", socket=self.socket_path, error=e.strerror)
+        self.socket_gid = gid
+        stack = self.host.current
+        if stack is not None:
+            stack.edge.default_max_tokens = s.default_max_tokens
+            stack.edge.prompts.developer_policy = s.developer_message_policy
+            stack.scheduler.max_queue = s.max_queue
+        self.host.cfg = effective_config(cfg, self.host.cfg, _now_keys(self.host.cfg, cfg))
+
+
+def _now_keys(old: Config, new: Config) -> list[str]:
+    """The changed keys that apply at once (the host keeps its reload keys until it reloads)."""
+    from ignisd.reload import changed_keys, key_kind
+    return [k for k in changed_keys(old, new) if key_kind(k) == "now"]

@@ -82,18 +82,22 @@ class DiskTraffic:
         if key is None:
             return
         try:
-            record, pages, image = await self.disk.read(key)
             want = self.cache.disk_record(sid)
-            if want is None or record != want:
+            if want is None:
+                return
+            buf = bytearray(want.pages_bytes + want.image_bytes)      # one buffer: pages, then the image
+            view = memoryview(buf)
+            record, _, _ = await self.disk.read(key, into=(view[:want.pages_bytes], view[want.pages_bytes:]))
+            if record != want:
                 raise OSError(f"KV-disk file {key} holds another state than the index says")
         except OSError as e:
             self._fault("read", sid, e)
             self.cache.disk_failed(sid)
         else:
-            self.cache.bytes_ready(sid, bytes(pages) + bytes(image))
+            self.cache.bytes_ready(sid, buf)
             if self.metrics is not None:
                 self.metrics.tier_disk_reads.inc()
-                self.metrics.tier_disk_read_bytes.inc(len(pages) + len(image))
+                self.metrics.tier_disk_read_bytes.inc(len(buf))
         finally:
             self._tasks.pop(sid, None)
             self.wake()

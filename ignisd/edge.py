@@ -332,8 +332,15 @@ class Edge:
         """End the request with engine key `rid` at the next round; whether it was in flight."""
         return rid is not None and bool(self.engine.cancel(rid, reason))
 
+    async def ready(self) -> float:
+        """A front awaits this before preparing a request that needs the model; returns the milliseconds it
+        waited. This edge serves a loaded model: 0 at once (the daemon's ignisd.lifecycle.ModelHost waits while
+        its model loads)."""
+        return 0.0
+
     def health(self) -> dict:
-        """The `health` result: the daemon is up and serving this model."""
+        """The `health` result of a loaded edge: ok and the model's name (the daemon answers with
+        ignisd.lifecycle.ModelHost.health, which also says when the engine stalls or no model is loaded)."""
         return {"ok": True, "model": self.model_info["name"]}
 
     def status(self) -> dict:

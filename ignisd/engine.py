@@ -46,6 +46,9 @@ class Engine:
         self.rounds = 0
         self.integrity_checks = 0
         self.integrity_failures = 0
+        # lifecycle hook (ignisd.health.Heartbeat): beat() after every round, on waking, and every idle_wait_s
+        # seconds while idle, so the systemd watchdog and `health` see the loop itself make progress
+        self.heartbeat = None
 
     # ---- server side ----
     def submit(self, req: Request) -> asyncio.Queue:
@@ -115,11 +118,12 @@ class Engine:
                 if last is not None and m is not None:
                     m.inter_token_seconds.observe(now - last)
                 self._last_token_at[ev.rid] = now
-            elif isinstance(ev, DoneEvent) and m is not None and ev.ttft_ms > 0:
-                m.ttft_seconds.observe(ev.ttft_ms / 1e3)
-        self._update_gauges()
+            elif isinstance(ev, DoneEvent) and m is not None:
+                m.request_done(ev)     # TTFT, prompt / generation tokens, prefix-cache queries and hits
+        self.update_gauges()
 
-    def _update_gauges(self) -> None:
+    def update_gauges(self) -> None:
+        """Set the gauges (pool, lanes, queue, tiers) from the scheduler and the cache now."""
         m = self.metrics
         if m is None:
             return
@@ -147,7 +151,7 @@ class Engine:
             self._apply_commands()
             self.disk.poll()
             if self.scheduler.idle():
-                self._update_gauges()
+                self.update_gauges()
                 if not checked:
                     try:
                         self.cache.check_integrity()
@@ -158,13 +162,13 @@ class Engine:
                     checked = True
                 self._wake.clear()
                 if not self._commands and not self._stopping:
-                    await self._wake.wait()
+                    await self._sleep()
                 continue
             checked = False
             plan = self.scheduler.schedule()
             if plan.empty:
                 self._wake.clear()
-                await self._wake.wait()
+                await self._sleep()
                 continue
             prefill_tokens, decode_tokens = plan.prefill_tokens, plan.decode_tokens
             try:
@@ -177,9 +181,13 @@ class Engine:
                         self._emit(ErrorEvent(ev.rid, "internal", f"forward pass failed: {e!r}", None))
                 continue
             self.rounds += 1
+            if self.heartbeat is not None:
+                self.heartbeat.beat()
             events = self.scheduler.update(plan, result.items)
             self.disk.written_out(result.snapshots)
             if self.metrics is not None:
+                for rs in plan.restores:
+                    self.metrics.tier_restores.labels(tier=rs.tier).inc()
                 for tier, (nbytes, seconds) in result.restored.items():
                     self.metrics.tier_restore_bytes.labels(tier=tier).inc(nbytes)
                     self.metrics.tier_restore_seconds.labels(tier=tier).inc(seconds)
@@ -198,21 +206,35 @@ class Engine:
         if self.disk.disk is None:
             return 0
         await self.disk.drain(max(0.0, deadline - asyncio.get_running_loop().time()))
+        pending = self.cache.plan_moves()       # moves decided but never run: their bytes must be in place first
         moves = self.cache.plan_flush()
-        if not moves:
+        if not moves and not pending:
             return 0
         loop = asyncio.get_running_loop()
         with ThreadPoolExecutor(max_workers=1, initializer=getattr(self.runner, "init_thread", None)) as ex:
-            result = await loop.run_in_executor(ex, self.runner.execute, RoundPlan((), (), tuple(moves)))
+            result = await loop.run_in_executor(ex, self.runner.execute, RoundPlan((), (), tuple(pending + moves)))
         n = await self.disk.flush(result.snapshots, deadline)
         log.info("kv_disk_flush", written=n, planned=len(moves))
         return n
+
+    async def _sleep(self) -> None:
+        """Wait for a command; with a heartbeat, beat every heartbeat.idle_wait_s meanwhile and once on waking."""
+        hb = self.heartbeat
+        while hb is not None and not self._wake.is_set():
+            hb.beat()
+            try:
+                await asyncio.wait_for(self._wake.wait(), hb.idle_wait_s)
+            except TimeoutError:
+                pass
+        await self._wake.wait()
+        if hb is not None:
+            hb.beat()
 
     def reset(self) -> int:
         """The `reset` op: drop every retained state (pinned ones when their restore lets go). Returns how many were
         freed now (0 with reuse off). Runs on the event loop, like schedule() and update()."""
         n = self.cache.reset()
-        self._update_gauges()
+        self.update_gauges()
         return n
 
     def status(self) -> dict:

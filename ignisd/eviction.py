@@ -77,6 +77,7 @@ class Evictions:
         m = self.sched.metrics
         if m is not None:
             m.live_evictions.labels(how=how).inc()
+            m.preemptions.inc()
 
     def admit(self, s: Sequence) -> bool:
         """Admit evicted `s` again with the restore of its bytes. Whether it got pages and a slot."""

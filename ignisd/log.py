@@ -5,7 +5,9 @@ Values: None → ``-``, booleans ``true``/``false``, floats with at most 3 decim
 or hold a space, ``"``, ``=``, ``\\`` or a control character, in which case they are JSON-quoted
 (``text="hello world"``); lists and dicts as compact JSON, quoted by the same rule. Under systemd (stderr is the
 journal stream named by ``$JOURNAL_STREAM``) every line starts with its syslog priority ``<3>`` error, ``<4>``
-warning, ``<6>`` info, ``<7>`` debug, which journald strips and records as the entry's priority.
+warning, ``<6>`` info, ``<7>`` debug, which journald strips and records as the entry's priority, and no timestamp
+(journald stamps each entry itself). ``parse_line`` reads a line back (``journalctl -u ignisd -o cat`` output
+included) into its level, component, event and fields.
 """
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Mapping, TextIO
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -76,6 +80,70 @@ def journal_stream_active(env: Mapping[str, str] | None = None, fd: int = 2) -> 
     except (ValueError, OSError):
         return False
     return (st.st_dev, st.st_ino) == (dev, ino)
+
+
+@dataclass(frozen=True)
+class ParsedLine:
+    """One log line read back: priority (the journald prefix's number, None without one), level name, component,
+    event and the fields in order (values typed back: ``-`` None, true/false, ints, floats, JSON lists and dicts,
+    strings)."""
+
+    priority: int | None
+    level: str
+    component: str
+    event: str
+    fields: dict[str, Any]
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d+)?")
+_DECODER = json.JSONDecoder()
+
+
+def _typed(raw: str) -> Any:
+    if raw == "-":
+        return None
+    if raw in ("true", "false"):
+        return raw == "true"
+    if _NUMBER.fullmatch(raw):
+        return float(raw) if "." in raw else int(raw)
+    if raw in ("nan", "inf", "-inf"):
+        return float(raw)
+    if raw[:1] in "[{":
+        try:
+            return json.loads(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def parse_line(line: str) -> ParsedLine:
+    """Read back a line written by LineFormatter (without its trailing newline). Raises ValueError when the line is
+    not one (too few words, a field without ``=``, a broken quoted value)."""
+    priority = None
+    if m := re.match(r"<(\d)>", line):
+        priority, line = int(m.group(1)), line[m.end():]
+    head = line.split(" ", 3)
+    if len(head) < 3:
+        raise ValueError(f"not an ignis log line: {line!r}")
+    level, component, event = head[:3]
+    rest = head[3] if len(head) == 4 else ""
+    fields: dict[str, Any] = {}
+    i = 0
+    while i < len(rest):
+        eq = rest.find("=", i)
+        if eq < 0:
+            raise ValueError(f"field without '=' at {rest[i:]!r}")
+        key = rest[i:eq]
+        if rest[eq + 1:eq + 2] == '"':
+            value, end = _DECODER.raw_decode(rest, eq + 1)
+            value = _typed(value) if value[:1] in "[{" else value
+        else:
+            end = rest.find(" ", eq + 1)
+            end = len(rest) if end < 0 else end
+            value = _typed(rest[eq + 1:end])
+        fields[key] = value
+        i = end + 1
+    return ParsedLine(priority, level, component, event, fields)
 
 
 class LineFormatter(logging.Formatter):
@@ -157,6 +225,7 @@ def setup_logging(level: str = "info", stream: TextIO | None = None, journal: bo
     stream = sys.stderr if stream is None else stream
     if journal is None:
         journal = stream is sys.stderr and journal_stream_active()
+    logging.captureWarnings(True)     # Python warnings become lines of this format too (component py.warnings)
     root = logging.getLogger()
     if _handler is not None:
         root.removeHandler(_handler)
@@ -167,3 +236,19 @@ def setup_logging(level: str = "info", stream: TextIO | None = None, journal: bo
     root.setLevel(max(lvl, logging.WARNING))
     logging.getLogger(ROOT).setLevel(lvl)
     return _handler
+
+
+def set_level(level: str) -> None:
+    """Change the level of the ignis components at once (a SIGHUP reload of server.log_level). Raises ValueError
+    on an unknown level."""
+    if level not in LEVELS:
+        raise ValueError(f"log level {level!r} is not one of {', '.join(LEVELS)}")
+    lvl = LEVELS[level]
+    logging.getLogger().setLevel(max(lvl, logging.WARNING))
+    logging.getLogger(ROOT).setLevel(lvl)
+
+
+def stderr_message(text: str, priority: int = 3, env: Mapping[str, str] | None = None) -> str:
+    """A message the command line prints on stderr outside the log handler (a start error): with the journald
+    priority prefix when stderr is the journal stream, so `journalctl -p err` finds it too."""
+    return f"<{priority}>{text}" if journal_stream_active(env) else text

@@ -94,18 +94,34 @@ class Prompts:
                                   field if msg else "messages") from None
         if op.tools and not self.template.uses("tools"):
             raise P.ProtocolError("model_unsupported", "this model's chat template does not render tools", "tools")
+        if not self.template.reads("tool_calls"):
+            for i, m in enumerate(op.messages):
+                if m.get("tool_calls"):
+                    raise P.ProtocolError("model_unsupported", "this model's chat template does not render an "
+                                          "assistant message's tool_calls", f"messages[{i}].tool_calls")
         return msgs
 
     def render(self, op, add_generation_prompt: bool = True) -> tuple[list[dict], dict, str]:
-        """(messages as the template got them, template kwargs, rendered text) of a chat body."""
+        """(messages as the template got them, template kwargs, rendered text) of a chat body. An assistant
+        `content: null` (OpenAI's, beside tool_calls) is rendered as "" when the template cannot take it."""
         msgs = self._messages(op)
         kwargs = dict(op.chat_template_kwargs or {})
         try:
-            text = self.template.render(msgs, tools=op.tools or None, add_generation_prompt=add_generation_prompt,
+            text = self._render(msgs, op, add_generation_prompt, kwargs)
+        except P.ProtocolError:
+            nulls = [i for i, m in enumerate(msgs) if m.get("role") == "assistant" and m.get("content") is None]
+            if not nulls:
+                raise
+            msgs = [dict(m, content="") if i in nulls else m for i, m in enumerate(msgs)]
+            text = self._render(msgs, op, add_generation_prompt, kwargs)
+        return msgs, kwargs, text
+
+    def _render(self, msgs, op, add_generation_prompt: bool, kwargs: dict) -> str:
+        try:
+            return self.template.render(msgs, tools=op.tools or None, add_generation_prompt=add_generation_prompt,
                                         **kwargs)
         except Exception as e:  # jinja2 raise_exception() and template errors are the request's fault
             raise P.ProtocolError("bad_request", f"chat template: {e}", "messages") from None
-        return msgs, kwargs, text
 
     def _spans(self, msgs, text, tools, kwargs, only, add_generation_prompt: bool = True):
         try:

@@ -11,6 +11,7 @@ or a write to it failed — cancels all its requests. †: imports no torch.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import itertools
 import select
@@ -189,8 +190,9 @@ class Server:
     """Listens on `socket_path`; `front` answers ops.
 
     max_line_bytes: framing limit (bytes). max_inflight: per-connection in-flight requests. api_key: when set, every
-    op but `health` must carry it (compared in constant time). metrics: ignisd.metrics.Metrics (error replies are
-    counted) or None.
+    op but `health` must carry it (SHA-256 digests compared in constant time, so neither the key's content nor its
+    length shows in the reply time). A SIGHUP may change these three while serving. metrics:
+    ignisd.metrics.Metrics (error replies are counted) or None.
     """
 
     def __init__(self, front: NdjsonFront, *, max_line_bytes: int, max_inflight: int, api_key: str | None = None,
@@ -208,7 +210,10 @@ class Server:
         if self.api_key is None or obj.get("op") == "health":
             return
         key = obj.get("api_key")
-        if not isinstance(key, str) or not hmac.compare_digest(key.encode(), self.api_key.encode()):
+        # digests of equal length: the comparison takes the same time whatever the key's length and content
+        if not isinstance(key, str) or not hmac.compare_digest(
+                hashlib.sha256(key.encode(errors="surrogatepass")).digest(),
+                hashlib.sha256(self.api_key.encode()).digest()):
             rid = obj.get("id") if isinstance(obj.get("id"), str) and 0 < len(obj["id"]) <= 128 else None
             raise P.ProtocolError("auth", "missing or wrong api_key", "api_key", id=rid)
 
@@ -220,9 +225,13 @@ class Server:
         finally:
             self.connections.discard(conn)
 
-    async def start(self, socket_path: str) -> None:
-        """Bind and listen on `socket_path` (the caller prepared the path and sets its mode)."""
-        self._server = await asyncio.start_unix_server(self._on_connect, path=socket_path, limit=1 << 20)
+    async def start(self, socket_path: str | None = None, sock=None) -> None:
+        """Serve on `sock` (a listening Unix socket: bound by ignisd.unix_socket.bind_socket, or passed by systemd),
+        or bind and listen on `socket_path` (the caller prepared the path and sets its mode)."""
+        if sock is not None:
+            self._server = await asyncio.start_unix_server(self._on_connect, sock=sock, limit=1 << 20)
+        else:
+            self._server = await asyncio.start_unix_server(self._on_connect, path=socket_path, limit=1 << 20)
 
     def stop_listening(self) -> None:
         """Accept no new connections (connections already open keep being served)."""

@@ -95,3 +95,25 @@ def socket_gid(group: str | None) -> int | None:
         return grp.getgrnam(group).gr_gid
     except KeyError:
         raise StartupError(f"server.socket_group {group!r}: no such group", exit_code=2) from None
+
+
+def bind_socket(path: str, mode: int, gid: int | None) -> socket.socket:
+    """A listening Unix socket at `path` (prepared by prepare_socket) with permission bits `mode` and group `gid`
+    (None: the process's) set before it listens, so no connection is accepted under looser permissions. Raises
+    StartupError (exit 2) when it cannot be bound or its mode and group cannot be set."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind(path)
+        set_socket_access(path, mode, gid)
+        s.listen(socket.SOMAXCONN)
+    except OSError as e:
+        s.close()
+        raise _refused(path, f"cannot listen: {e.strerror}") from None
+    return s
+
+
+def set_socket_access(path: str, mode: int, gid: int | None) -> None:
+    """chmod `path` to `mode` and chown it to group `gid` (None: leave the group). Raises OSError."""
+    os.chmod(path, mode)
+    if gid is not None:
+        os.chown(path, -1, gid)

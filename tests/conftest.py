@@ -88,3 +88,31 @@ def qwen_daemon(start_daemon, tiny_qwen35_real_dir) -> DaemonProc:
     """The shared daemon on the tiny real-vocabulary Qwen3.5 hybrid: 4 lanes, 4,096 KV tokens."""
     return start_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
                          "--model-context-tokens", "2048"])
+
+
+# ---- daemons with the HTTP fronts (server.http_listen) ----
+@pytest.fixture(scope="session")
+def http_llama(start_daemon, tiny_llama_dir) -> DaemonProc:
+    """The tiny Llama (SmolLM2's template: no tools) with the HTTP fronts on a Unix socket."""
+    path = Path(tempfile.mkdtemp(prefix="ignis-http-", dir="/tmp")) / "http.sock"
+    return start_daemon(["--model", str(tiny_llama_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
+                         "--model-context-tokens", "1024", "--server-http-listen", f"unix:{path}"])
+
+
+@pytest.fixture(scope="session")
+def http_qwen(start_daemon, tiny_qwen35_real_dir) -> DaemonProc:
+    """The tiny real-vocabulary Qwen3.5 hybrid (tools, reasoning) with the HTTP fronts on 127.0.0.1 (a free port)."""
+    return start_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
+                         "--model-context-tokens", "2048", "--server-http-listen", "127.0.0.1:0"])
+
+
+@pytest.fixture(scope="session")
+def http_llama_keyed(start_daemon, tiny_llama_dir) -> DaemonProc:
+    """The tiny Llama with an API key (http_support.HTTP_KEY), the billing-header strip off, and the HTTP fronts on
+    127.0.0.1."""
+    from http_support import HTTP_KEY
+    key = Path(tempfile.mkdtemp(prefix="ignis-key-", dir="/tmp")) / "key"
+    key.write_text(HTTP_KEY + "\n")
+    return start_daemon(["--model", str(tiny_llama_dir), "--lanes", "2", "--vram-kv-pool-bytes", "4Ktok",
+                         "--model-context-tokens", "1024", "--server-http-listen", "127.0.0.1:0",
+                         "--server-api-key-file", str(key), "--server-strip-billing-header", "off"])

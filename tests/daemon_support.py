@@ -71,19 +71,30 @@ class RawConn:
 
 
 class DaemonProc:
-    """`ignisd serve` in a subprocess on a temporary socket; stderr goes to `log_path`."""
+    """`ignisd serve` in a subprocess on a temporary socket; stderr goes to `log_path`. It is up once `health` says
+    ok (the socket answers `ok: false, state: loading` while the weights load).
 
-    def __init__(self, args: list[str], tmpdir: Path):
-        self.socket = str(tmpdir / "ignisd.sock")
+    env: variables added to the daemon's environment (NOTIFY_SOCKET, WATCHDOG_USEC, JOURNAL_STREAM... are removed
+    otherwise). command: replaces ``python -m ignisd serve`` (e.g. a wrapper that passes a socket); popen: more
+    subprocess.Popen arguments. socket: connect here instead of the --socket path given to the daemon.
+    """
+
+    def __init__(self, args: list[str], tmpdir: Path, env: dict | None = None, command: list[str] | None = None,
+                 popen: dict | None = None, socket: str | None = None):
+        self.socket = socket or str(tmpdir / "ignisd.sock")
         self.log_path = tmpdir / "ignisd.log"
+        base = command or [sys.executable, "-m", "ignisd", "serve"]
         # a small KV-RAM arena unless the test sizes it: the default (2G, mlock'ed) for every test daemon is too much
         arena = [] if "--reuse-kv-host-pool-bytes" in args else ["--reuse-kv-host-pool-bytes", "32M"]
-        cmd = [sys.executable, "-m", "ignisd", "serve", "--socket", self.socket, "--server-threads", "1", *arena,
-               *args]
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        env.pop("NOTIFY_SOCKET", None)
+        cmd = [*base, "--socket", str(tmpdir / "ignisd.sock"), "--server-threads", "1", *arena, *args]
+        full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM", "LISTEN_FDS", "LISTEN_PID",
+                     "LISTEN_FDNAMES"):
+            full_env.pop(name, None)
+        full_env.update(env or {})
         self.log_file = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT,
+                                     **(popen or {}))
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -92,8 +103,9 @@ class DaemonProc:
                 c = RawConn(self.socket, timeout=5)
                 r = c.request({"id": "h", "op": "health"})
                 c.close()
-                if r.get("type") == "result":
+                if r.get("type") == "result" and r["result"].get("ok", True):
                     return
+                time.sleep(0.1)
             except OSError:
                 time.sleep(0.2)
         self.stop()

@@ -285,6 +285,9 @@ class CacheManager(DiskStates, LiveEviction):
                     continue
                 if not failed:
                     self.retained.touch(rs.state_id)
+                st = self._state(rs.state_id)
+                if rs.tier == DISK and st is not None and not st.placement.in_flight:
+                    st.placement.payload = None         # read back for this restore: its file is the copy
                 self.retained.unpin(rs.state_id)
         out = []
         for it in plan.items:

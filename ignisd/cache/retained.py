@@ -307,8 +307,8 @@ class RetainedStore:
         if hit is None:
             return LookupResult(None, 0, REASON_STAMP if found and not good else REASON_MISS, cand, cand_state)
         s = self._states[hit.state_id]
-        s.last_use = now
-        if pin:
+        if pin:                                 # a peek (pin=False) changes no rank
+            s.last_use = now
             s.pins += 1
         return LookupResult(s, hit.matched_tokens, None, cand, cand_state)
 

@@ -43,11 +43,14 @@ def read_pages(kv, pages: list[int], out: torch.Tensor) -> None:
     """Copy pages `pages` of `kv` into `out` (uint8 [>= pages_nbytes(kv, len(pages))]) in the pages layout."""
     if not pages:
         return
-    idx = torch.tensor(pages, dtype=torch.long, device=kv.device)
     rows = out[:len(pages) * kv.page_bytes].view(len(pages), kv.page_bytes)
     for blk, off, n in _page_blocks(kv):
-        sel = blk.index_select(1, idx).transpose(0, 1).contiguous()      # [n pages, layers, elements]
-        rows[:, off:off + n].copy_(sel.view(len(pages), -1).view(torch.uint8))
+        for i, p in enumerate(pages):      # one copy a page: plain memcpy speed (a gather would copy twice)
+            dst = rows[i, off:off + n]
+            if dst.storage_offset() % blk.element_size():      # a misaligned destination: copy through bytes
+                dst.copy_(blk[:, p].contiguous().view(-1).view(torch.uint8))
+            else:
+                dst.view(blk.dtype).view(blk.shape[0], -1).copy_(blk[:, p])
 
 
 def write_pages(kv, pages: list[int], src: torch.Tensor) -> None:
@@ -55,11 +58,10 @@ def write_pages(kv, pages: list[int], src: torch.Tensor) -> None:
     layout is fine)."""
     if not pages:
         return
-    idx = torch.tensor(pages, dtype=torch.long, device=kv.device)
     rows = src[:len(pages) * kv.page_bytes].view(len(pages), kv.page_bytes)
     for blk, off, n in _page_blocks(kv):
-        vals = _as(rows[:, off:off + n].contiguous().view(-1), blk.dtype).view(len(pages), blk.shape[0], -1)
-        blk.index_copy_(1, idx, vals.transpose(0, 1).to(blk.device))
+        for i, p in enumerate(pages):
+            blk[:, p].copy_(_as(rows[i, off:off + n], blk.dtype).view(blk.shape[0], -1))
 
 
 def read_image(states, slot: int, out: torch.Tensor) -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from ignis_client import protocol as P
 
-from ignisd.edge import Edge, EdgeDelta, EdgeDone, EdgeError, TokenLogprob, ToolCall, ToolCallPiece
+from ignisd.edge import Edge, EdgeDelta, EdgeDone, EdgeError, Timings, TokenLogprob, ToolCall, ToolCallPiece
 from ignisd.prompt import Reuse
+
+MODEL_OPS = frozenset({"chat", "completion", "tokenize", "detokenize"})   # ops that need the model loaded
 
 
 def logprob_entry(lp: TokenLogprob) -> dict:
@@ -51,13 +53,18 @@ def delta_reply(rid: str, ev: EdgeDelta) -> dict:
                    tool_calls=[tool_call_piece(p) for p in ev.tool_calls] if ev.tool_calls else None)
 
 
+def timings_object(t: Timings) -> dict:
+    """The `timings` object, rounded: ms to 3 decimals, rates to 2."""
+    return P.timings(queue_ms=round(t.queue_ms, 3), load_ms=t.load_ms, ttft_ms=round(t.ttft_ms, 3),
+                     prefill_tokens_per_s=round(t.prefill_tokens_per_s, 2),
+                     decode_tokens_per_s=round(t.decode_tokens_per_s, 2))
+
+
 def done_reply(rid: str, ev: EdgeDone) -> dict:
     """The `done` line: usage, timings (rounded: ms to 3 decimals, rates to 2), ignis.reuse, and the chat message,
     logprobs and prompt_logprobs when present."""
-    u, t = ev.usage, ev.timings
-    timings = P.timings(queue_ms=round(t.queue_ms, 3), load_ms=t.load_ms, ttft_ms=round(t.ttft_ms, 3),
-                        prefill_tokens_per_s=round(t.prefill_tokens_per_s, 2),
-                        decode_tokens_per_s=round(t.decode_tokens_per_s, 2))
+    u = ev.usage
+    timings = timings_object(ev.timings)
     message = None
     if ev.message is not None:
         m = ev.message
@@ -83,6 +90,10 @@ class NdjsonFront:
         method = self._ops.get(op.op)
         if method is None:
             raise P.ProtocolError("unknown_op", f"unknown op {op.op!r}", "op")
+        if op.op in MODEL_OPS:
+            await self.edge.ready()     # waits while the model loads (the wait is the reply's timings.load_ms)
+            if conn.closed:             # the client left meanwhile: submit nothing for it
+                return
         await method(conn, op)
 
     async def _generate(self, conn, op, gen) -> None:
@@ -117,7 +128,7 @@ class NdjsonFront:
         await conn.send(P.result(op.id, {"cancelled": self.edge.cancel(conn.rids.get(op.target))}))
 
     async def health(self, conn, op) -> None:
-        """`health` → ok and the model's name."""
+        """`health` → ok, the model's name, and (from the daemon's host) state and the reason it is not ok."""
         await conn.send(P.result(op.id, self.edge.health()))
 
     async def status(self, conn, op) -> None:

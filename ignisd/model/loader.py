@@ -111,19 +111,21 @@ def open_model(path: str | Path | None = None) -> ModelSource:
 
 
 def load_model(path: str | Path | ModelSource | None = None, dtype: torch.dtype = torch.float32,
-               batch_invariant: bool = False) -> LoadedModel:
+               batch_invariant: bool = False, progress=None) -> LoadedModel:
     """Load the model at `path` (a path, None for the built-in model, or the ModelSource of ``open_model``).
 
     dtype: weight/compute dtype (fp32 on CPU). batch_invariant: see Decoder (bitwise batch-independent rows at ~2x
-    single-lane matmul cost; settable later as loaded.model.batch_invariant).
+    single-lane matmul cost; settable later as loaded.model.batch_invariant). progress: wraps the tensor loops,
+    ``progress(items, total, desc)`` (ignisd.progress.LoadProgress: a tqdm bar on a terminal, STATUS= lines).
     Raises FileNotFoundError (nothing loadable at path), ValueError (unsupported architecture / tensor type),
     KeyError (a required tensor is missing).
     """
     src = path if isinstance(path, ModelSource) else open_model(path)
+    progress = progress or (lambda items, total=None, desc="": items)
     if src.kind == "hf":
-        weights = _read_hf_weights(src.source, src.spec)
+        weights = _read_hf_weights(src.source, src.spec, progress)
     else:
-        weights = _read_gguf_weights(src.source, src.gguf_reader, src.spec)
+        weights = _read_gguf_weights(src.source, src.gguf_reader, src.spec, progress)
     weights = {k: v.to(dtype) for k, v in weights.items()}
     model = Decoder(src.spec, weights, batch_invariant=batch_invariant)
     return LoadedModel(spec=src.spec, model=model, source=src.source, kind=src.kind, weight_bytes=model.weight_bytes,
@@ -147,7 +149,7 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _read_gguf_weights(path: Path, reader: Any, spec: ModelSpec) -> dict[str, torch.Tensor]:
+def _read_gguf_weights(path: Path, reader: Any, spec: ModelSpec, progress) -> dict[str, torch.Tensor]:
     """Dequantise every tensor of the open GGUF `reader` to fp32 (gguf.quants.dequantize), with HF names and row
     order."""
     import gguf
@@ -155,7 +157,7 @@ def _read_gguf_weights(path: Path, reader: Any, spec: ModelSpec) -> dict[str, to
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise ValueError(f"{path}: rope_freqs (llama 3.1 rope scaling in GGUF) is not supported yet")
     weights: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
+    for t in progress(reader.tensors, len(reader.tensors), "weights"):
         hf = _gguf_name(t.name)
         if hf is None:
             continue
@@ -174,7 +176,7 @@ def _read_gguf_weights(path: Path, reader: Any, spec: ModelSpec) -> dict[str, to
     return weights
 
 
-def _read_hf_weights(path: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:
+def _read_hf_weights(path: Path, spec: ModelSpec, progress) -> dict[str, torch.Tensor]:
     """Read the safetensors weights of an HF directory (single file or sharded via model.safetensors.index.json).
 
     Tensor names go through hybrid_weights.hf_weight_name (`model.language_model.` -> `model.`); the vision tower
@@ -195,7 +197,8 @@ def _read_hf_weights(path: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:
     skipped: dict[str, int] = {}
     for f in files:
         with safe_open(str(path / f), framework="pt") as st:
-            for name in st.keys():
+            names = list(st.keys())
+            for name in progress(names, len(names), f"weights {f}" if len(files) > 1 else "weights"):
                 mapped = hf_weight_name(name)
                 if mapped is None:
                     group = skipped_group(name)

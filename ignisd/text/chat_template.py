@@ -138,12 +138,23 @@ class ChatTemplate:
         self.eos_token = eos_token
         env = _environment()
         self._template = env.from_string(source)
-        self.variables: frozenset[str] = frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
+        ast = env.parse(source)
+        self.variables: frozenset[str] = frozenset(jinja2.meta.find_undeclared_variables(ast))
+        names = {n.attr for n in ast.find_all(jinja2.nodes.Getattr)}
+        names |= {n.arg.value for n in ast.find_all(jinja2.nodes.Getitem)
+                  if isinstance(n.arg, jinja2.nodes.Const) and isinstance(n.arg.value, str)}
+        self.attributes: frozenset[str] = frozenset(names)
 
     def uses(self, name: str) -> bool:
         """Whether the template reads the variable ``name`` (``"tools"``, ``"enable_thinking"``, ...): the
         undeclared variables of its AST. A request field whose variable is not used would be ignored silently."""
         return name in self.variables
+
+    def reads(self, key: str) -> bool:
+        """Whether the template reads a field ``key`` of some object (``message.tool_calls``,
+        ``message['tool_calls']``): the attribute and constant-subscript names of its AST. A message field it never
+        reads would be dropped silently."""
+        return key in self.attributes
 
     def render(self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True,
                **template_kwargs) -> str:

@@ -16,10 +16,11 @@ For the Qwen families the reply is split in regions:
 
 * Reasoning: from the start when ``starts_in_reasoning`` (Qwen3.5's generation prompt ends with ``<think>\\n``),
   or when the output opens with ``<think>`` (after optional whitespace; with ``starts_in_reasoning`` such a
-  repeated ``<think>`` is skipped), up to ``</think>``; unclosed, it runs to the end. Inside it everything is
-  reasoning, ``<tool_call>`` included. ``<think>`` anywhere later is content.
-* Tool calls: ``<tool_call>…</tool_call>`` outside reasoning. A malformed or unclosed call falls back to content
-  (its raw text, ``<tool_call>`` included).
+  repeated ``<think>`` is skipped), up to ``</think>``; unclosed, it runs to the end. ``<think>`` anywhere later
+  is content.
+* Tool calls: ``<tool_call>…</tool_call>``, outside reasoning and inside it too (Qwen3.5 often calls a tool before
+  closing its reasoning, vLLM #39056): after the call the region it interrupted goes on. A malformed or unclosed
+  call falls back to text of the region it was in (its raw text, ``<tool_call>`` included).
 * Content: the rest, concatenated.
 
 ``reasoning_content`` and ``content`` are trimmed of whitespace at both ends (the chat template trims both when
@@ -168,6 +169,7 @@ class OutputParser:
         self._reasoning = _Trimmed()
         self._content = _Trimmed() if self._parse else _Verbatim()
         self._call: ToolCallParser | None = None
+        self._call_region = "content"   # the region an open call interrupted (it goes on after the call)
         self._calls: list[dict] = []
         self._n_indices = 0
         self._result: ParsedOutput | None = None
@@ -214,12 +216,16 @@ class OutputParser:
                     return
                 self._mode = self._after_start
             elif mode == "reasoning":
-                end = buf.find(THINK_CLOSE)
+                end, start = buf.find(THINK_CLOSE), buf.find(TOOL_OPEN)
+                if start >= 0 and (end < 0 or start < end):   # a call inside the reasoning is a call
+                    delta.reasoning += self._reasoning.add(buf[:start])
+                    self._open_call(buf[start + len(TOOL_OPEN):], "reasoning")
+                    continue
                 if end >= 0:
                     delta.reasoning += self._reasoning.add(buf[:end])
                     self._mode, self._buf = "content", buf[end + len(THINK_CLOSE):]
                     continue
-                keep = 0 if final else held_suffix(buf, (THINK_CLOSE,))
+                keep = 0 if final else held_suffix(buf, (THINK_CLOSE, TOOL_OPEN))
                 delta.reasoning += self._reasoning.add(buf[:len(buf) - keep])
                 self._buf = buf[len(buf) - keep:]
                 return
@@ -227,8 +233,7 @@ class OutputParser:
                 start = buf.find(TOOL_OPEN) if self._parse else -1
                 if start >= 0:
                     delta.content += self._content.add(buf[:start])
-                    self._call = ToolCallParser(self._allocate, self._types)
-                    self._mode, self._buf = "tool", buf[start + len(TOOL_OPEN):]
+                    self._open_call(buf[start + len(TOOL_OPEN):], "content")
                     continue
                 keep = 0 if (final or not self._parse) else held_suffix(buf, (TOOL_OPEN,))
                 delta.content += self._content.add(buf[:len(buf) - keep])
@@ -240,14 +245,24 @@ class OutputParser:
                 self._buf = ""
                 if call.status == "open" and final:
                     call.finish()
+                back = self._call_region
                 if call.status == "done":
                     self._calls.append(call.call())
-                    self._mode, self._buf, self._call = "content", call.rest, None
-                elif call.status == "failed":  # its text is content; what follows <tool_call> is parsed again
-                    delta.content += self._content.add(TOOL_OPEN)
-                    self._mode, self._buf, self._call = "content", call.body, None
+                    self._mode, self._buf, self._call = back, call.rest, None
+                elif call.status == "failed":  # its text is the region's; what follows <tool_call> is parsed again
+                    if back == "reasoning":
+                        delta.reasoning += self._reasoning.add(TOOL_OPEN)
+                    else:
+                        delta.content += self._content.add(TOOL_OPEN)
+                    self._mode, self._buf, self._call = back, call.body, None
                 else:
                     return
+
+    def _open_call(self, rest: str, region: str) -> None:
+        """A ``<tool_call>`` opened in `region` ("content" or "reasoning"): the call takes `rest` next."""
+        self._call = ToolCallParser(self._allocate, self._types)
+        self._call_region = region
+        self._mode, self._buf = "tool", rest
 
 
 def make_output_parser(family: str, tools: list | None = None, starts_in_reasoning: bool = False,

@@ -27,6 +27,7 @@ class StreamDecoder:
         skip_special_tokens: leave special tokens' text (``<|im_end|>``) out of the emitted text.
     Attributes:
         stopped: a stop string was seen; later pushes return "".
+        stop_string: the stop string that ended the text (None until one did).
         text: everything emitted so far (the concatenation of the returned pieces).
     """
 
@@ -39,6 +40,7 @@ class StreamDecoder:
         self._read = 0  # ids[_prefix:_read] are decoded into text already taken
         self._pending = ""  # decoded text not emitted yet (a possible stop-string start)
         self.stopped = False
+        self.stop_string: str | None = None
         self.text = ""
 
     def _decode(self, ids: list[int]) -> str:
@@ -57,9 +59,9 @@ class StreamDecoder:
     def _emit(self, final: bool) -> str:
         """Move what is safe from ``_pending`` into ``text`` and return it."""
         pending = self._pending
-        cut = min((i for i in (pending.find(s) for s in self._stop) if i >= 0), default=-1)
+        cut, hit = min(((i, s) for s in self._stop if (i := pending.find(s)) >= 0), default=(-1, None))
         if cut >= 0:
-            piece, self._pending, self.stopped = pending[:cut], "", True
+            piece, self._pending, self.stopped, self.stop_string = pending[:cut], "", True, hit
         elif final:
             piece, self._pending = pending, ""
         else:

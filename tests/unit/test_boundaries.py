@@ -17,11 +17,15 @@ CONTROL_PLANE = [
     "ignisd.scheduler", "ignisd.sequence", "ignisd.plan", "ignisd.traversal", "ignisd.request", "ignisd.vocab",
     "ignisd.buffers", "ignisd.config", "ignisd.config_keys", "ignisd.log", "ignisd.metrics", "ignisd.preflight",
     "ignisd.engine", "ignisd.edge", "ignisd.prompt", "ignisd.server", "ignisd.fronts.ndjson", "ignisd.unix_socket",
+    "ignisd.fronts.sse", "ignisd.fronts.http", "ignisd.fronts.openai", "ignisd.fronts.anthropic",
+    "ignisd.fronts.anthropic_request", "ignisd.fronts.responses", "ignisd.fronts.responses_request",
     "ignisd.cache.manager", "ignisd.cache.placement", "ignisd.cache.page_pool", "ignisd.cache.state_slots",
     "ignisd.cache.prefix_index", "ignisd.cache.retained", "ignisd.cache.retained_state", "ignisd.cache.kv_format",
     "ignisd.cache.extents", "ignisd.cache.tiers", "ignisd.cache.disk_format", "ignisd.cache.disk_store",
     "ignisd.disk_traffic", "ignisd.cache.disk_states", "ignisd.cache.live_eviction", "ignisd.eviction",
     "ignis_client.protocol", "ignis_client.divergence",
+    "ignis_client.protocol", "ignis_client.divergence", "ignis_client.status_view",
+    "ignisd.systemd", "ignisd.health", "ignisd.lifecycle", "ignisd.reload", "ignisd.progress", "ignisd.install_unit",
 ]
 STORAGE = {"kv_store.py", "state_store.py", "host_arena.py", "transfer.py"}
 

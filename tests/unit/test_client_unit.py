@@ -299,7 +299,7 @@ def test_cli_chat_streams_greedy(daemon, capsys):
 
 
 def test_cli_status_metrics_health(daemon, capsys):
-    assert cli.main(["status", "--socket", daemon.path]) == 0
+    assert cli.main(["status", "--json", "--socket", daemon.path]) == 0     # the raw op (bars without --json)
     out = capsys.readouterr().out
     assert json.loads(out) == {"queue": {"waiting": 0}, "lanes": {"total": 8}} and "\n  " in out
     assert cli.main(["metrics", "--socket", daemon.path]) == 0

@@ -185,3 +185,99 @@ def test_metrics_registries_are_private():
         a.request_finished("eos")
     with pytest.raises(ValueError):
         a.error_sent("oops")
+
+
+# ------------------------------------------------------------------ journald lines read back
+
+def test_journal_lines_parse_back(tmp_path):
+    buf = io.StringIO()
+    handler = L.setup_logging("info", stream=buf, journal=True)
+    try:
+        L.get_logger("srv").info("done", id="c1:r 1", prompt=1234, cached=1024, prefilled=210, generated=57,
+                                 tier="device", kind="prefix", reason=None, ttft_ms="183.4", tok_s="41.9",
+                                 finish="stop")
+        L.get_logger("srv").warning("odd", stop=["a b", "c"], n=[1, 2], msg='say "hi"', empty="", ok=False)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    lines = buf.getvalue().splitlines()
+    assert all(line.startswith(("<6>INFO ", "<4>WARNING ")) for line in lines)
+    done = L.parse_line(lines[0])
+    assert (done.priority, done.level, done.component, done.event) == (6, "INFO", "srv", "done")
+    assert done.fields == {"id": "c1:r 1", "prompt": 1234, "cached": 1024, "prefilled": 210, "generated": 57,
+                           "tier": "device", "kind": "prefix", "reason": None, "ttft_ms": 183.4, "tok_s": 41.9,
+                           "finish": "stop"}
+    odd = L.parse_line(lines[1])
+    assert odd.priority == 4 and odd.fields == {"stop": ["a b", "c"], "n": [1, 2], "msg": 'say "hi"', "empty": "",
+                                                "ok": False}
+    assert L.parse_line("INFO srv listening socket=/run/ignis/ignisd.sock").priority is None
+    for bad in ("INFO srv", 'INFO srv e a="unterminated', "INFO srv e novalue"):
+        with pytest.raises(ValueError):
+            L.parse_line(bad)
+
+
+def test_stderr_message_prefix_follows_the_journal_stream(tmp_path):
+    st = os.fstat(2)
+    assert L.stderr_message("ignisd: x", env={"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}) == "<3>ignisd: x"
+    assert L.stderr_message("ignisd: x", env={}) == "ignisd: x"
+
+
+# ------------------------------------------------------------------ names llama.cpp and vLLM users look for
+
+LLAMA_VLLM_EQUIVALENTS = {   # their name -> ignis's sample name
+    "llamacpp:requests_processing / vllm:num_requests_running": "ignis_requests_running",
+    "llamacpp:requests_deferred / vllm:num_requests_waiting": "ignis_requests_waiting",
+    "llamacpp:kv_cache_usage_ratio / vllm:kv_cache_usage_perc": "ignis_kv_usage_ratio",
+    "vllm:prefix_cache_queries_total": "ignis_prefix_cache_query_tokens_total",
+    "vllm:prefix_cache_hits_total": "ignis_prefix_cache_hit_tokens_total",
+    "llamacpp:prompt_tokens_total / vllm:prompt_tokens_total": "ignis_prompt_tokens_total",
+    "llamacpp:tokens_predicted_total / vllm:generation_tokens_total": "ignis_generation_tokens_total",
+    "vllm:time_to_first_token_seconds": "ignis_ttft_seconds_bucket",
+    "vllm:inter_token_latency_seconds": "ignis_inter_token_seconds_bucket",
+    "vllm:num_preemptions_total": "ignis_preemptions_total",
+}
+
+
+def test_the_llama_cpp_and_vllm_equivalents_and_their_values():
+    from types import SimpleNamespace as NS
+    m = Metrics()
+    names = {name for name, _ in families(m.render())}
+    assert [v for v in LLAMA_VLLM_EQUIVALENTS.values() if v not in names] == []
+    m.set_pool(pages=200, used_pages=50, page_bytes=1000)
+    m.lanes_busy.set(3)
+    m.queue_depth.set(4)
+    hit = NS(ttft_ms=120.0, prompt_tokens=1000, generated_tokens=20, cached_tokens=768,
+             reuse=NS(reason=None))
+    off = NS(ttft_ms=0.0, prompt_tokens=50, generated_tokens=0, cached_tokens=0, reuse=NS(reason="reuse_off"))
+    m.request_done(hit)
+    m.request_done(off)
+    v = families(m.render())
+    assert v[("ignis_requests_running", ())] == 3 and v[("ignis_requests_waiting", ())] == 4
+    assert v[("ignis_kv_usage_ratio", ())] == 0.25
+    assert v[("ignis_prefix_cache_query_tokens_total", ())] == 1000     # the reuse_off request looked up nothing
+    assert v[("ignis_prefix_cache_hit_tokens_total", ())] == 768
+    assert v[("ignis_prompt_tokens_total", ())] == 1050 and v[("ignis_generation_tokens_total", ())] == 20
+    assert v[("ignis_ttft_seconds_count", ())] == 1                       # no token: no TTFT
+    assert v[("ignis_preemptions_total", ())] == 0
+    m.set_pool(0, 0, 0)
+    assert families(m.render())[("ignis_kv_usage_ratio", ())] == 0
+
+
+def test_the_http_listener_serves_the_registry_of_the_metrics_op():
+    import urllib.request
+
+    from ignisd.metrics import MetricsListener, parse_listen
+    assert parse_listen("127.0.0.1:9400") == ("127.0.0.1", 9400) and parse_listen("[::1]:80") == ("::1", 80)
+    with pytest.raises(ValueError):
+        parse_listen("localhost")
+    m = Metrics()
+    m.decode_tokens.inc(7)
+    listener = MetricsListener(m, "127.0.0.1:0")
+    try:
+        host, port = listener.address
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
+            assert r.headers["Content-Type"].startswith("text/plain")
+            text = r.read().decode()
+    finally:
+        listener.close()
+    assert families(text) == families(m.render())
+    assert families(text)[("ignis_decode_tokens_total", ())] == 7

@@ -120,9 +120,7 @@ def test_close_tag_without_reasoning_is_content():
 
 
 def test_reasoning_cut_off_and_empty():
-    check("still thinking <tool_call>\n<function=f>\n</function>\n</tool_call> </thi",
-          msg("", "still thinking <tool_call>\n<function=f>\n</function>\n</tool_call> </thi"),
-          starts_in_reasoning=True)
+    check("still thinking and </thi", msg("", "still thinking and </thi"), starts_in_reasoning=True)
     check("\n\n</think>\n\nDone.", msg("Done."), starts_in_reasoning=True)
     check("<think>\nagain\n</think>\nDone.", msg("Done.", "again"), starts_in_reasoning=True)
     check("<", msg("", "<"), starts_in_reasoning=True)
@@ -169,6 +167,20 @@ def test_xml_call_with_reasoning_and_content():
     text = "The user wants weather.\n</think>\n\nI'll check.\n\n" + XML_WEATHER
     check(text, msg("I'll check.", "The user wants weather.", [_call(0, "get_weather", {"city": "Paris", "days": 3})]),
           tools=TOOLS, starts_in_reasoning=True)
+
+
+def test_calls_inside_reasoning_are_calls():
+    """Qwen3.5 often calls a tool before it closes its reasoning (vLLM #39056): the call is a call, the reasoning
+    goes on around it, and a malformed call inside the reasoning stays reasoning text."""
+    weather = _call(0, "get_weather", {"city": "Paris", "days": 3})
+    check("The user wants weather.\n" + XML_WEATHER + "\n</think>\n\n",
+          msg(None, "The user wants weather.", [weather]), tools=TOOLS, starts_in_reasoning=True)
+    check("<think>\nLook it up.\n" + XML_WEATHER + "\nThen answer.\n</think>\n\nDone.",
+          msg("Done.", "Look it up.\n\nThen answer.", [weather]), tools=TOOLS)
+    json_call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+    check("hm\n" + json_call, msg(None, "hm", [_call(0, "get_weather", '{"city": "Paris", "days": 3}')]),
+          family="qwen3", tools=TOOLS, starts_in_reasoning=True)
+    check("hm <tool_call>\n</think>\n\nok", msg("ok", "hm <tool_call>"), starts_in_reasoning=True)
 
 
 def test_xml_two_calls_and_text_after():

@@ -1,0 +1,189 @@
+"""The Anthropic Messages front: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (DESIGN §5, HTTP fronts).
+
+The body is mapped onto the socket's `chat` op (``ignisd.fronts.anthropic_request``) and validated by the same
+parser. The reply is a ``message`` object — content blocks ``thinking`` (the reasoning), ``text``, ``tool_use`` (the
+parsed tool calls, ``input`` an object), ``stop_reason`` end_turn | max_tokens | stop_sequence | tool_use (with
+``stop_sequence`` the stop string that ended it) — or, streamed, the events ``message_start``,
+``content_block_start`` / ``content_block_delta`` (``thinking_delta``, ``text_delta``, ``input_json_delta``) /
+``content_block_stop`` per block, ``message_delta`` (stop_reason and the final usage) and ``message_stop``.
+
+Usage, always all four: ``input_tokens`` (prompt tokens not restored), ``output_tokens``, ``cache_read_input_tokens``
+(the prompt tokens restored, DESIGN §4.7) and ``cache_creation_input_tokens`` (0: keeping state costs the client
+nothing); input + cache_read = the prompt's tokens. ``message_start`` is sent before reuse is known (cache_read 0,
+input_tokens the whole prompt); ``message_delta`` carries the final counts, which the SDKs take. The ``ignis`` object
+(reuse, timings, finish_reason) rides on the message and on ``message_delta``.
+
+``count_tokens`` answers ``{"input_tokens": n}``, n = the rendered prompt's tokens (the `tokenize` op's count).
+Errors: ``{"type": "error", "error": {"type", "message", "ignis": {"code", "field"}}}`` with the HTTP status of the
+wire code; in a stream, an ``error`` event. †: imports no torch.
+"""
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+from ignis_client import protocol as P
+
+from ignisd.edge import EdgeDelta, EdgeDone, EdgeError
+from ignisd.fronts.anthropic_request import remap, to_chat
+from ignisd.fronts.ndjson import reuse_object, timings_object
+from ignisd.fronts.openai import model_name
+from ignisd.fronts.sse import STATUS, answer, dumps, new_id, parse_op, read_json, sse_event
+from ignisd.log import get_logger
+from ignisd.request import FinishReason
+
+log = get_logger("srv")
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+               503: "overloaded_error"}
+
+
+def error(status: int, code: str, message: str, field: str | None) -> web.Response:
+    """Anthropic's error object with `status`."""
+    body = {"type": "error", "error": {"type": ERROR_TYPES.get(status, "invalid_request_error"), "message": message,
+                                       "ignis": {"code": code, "field": field}}}
+    return web.Response(body=dumps(body), status=status, content_type="application/json")
+
+
+def usage_object(ev: EdgeDone) -> dict:
+    """The Messages usage (see the module docstring)."""
+    u = ev.usage
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
+            "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0}
+
+
+def _input(arguments: str) -> dict:
+    try:
+        v = orjson.loads(arguments) if arguments.strip() else {}
+    except orjson.JSONDecodeError:
+        log.warning("tool_input_not_json", arguments=arguments[:200])
+        return {}
+    return v if isinstance(v, dict) else {}
+
+
+class _Render:
+    """Per-request renderer of a Messages reply (see ignisd.fronts.sse)."""
+
+    error = staticmethod(error)
+
+    def __init__(self, mid: str, model: str, gen):
+        self.mid, self.model, self.gen = mid, model, gen
+        self.index = -1          # the open block's index
+        self.open: str | None = None   # its type: thinking | text | tool_use
+
+    def _stop(self, ev: EdgeDone) -> tuple[str, str | None]:
+        f = ev.finish_reason
+        if f is FinishReason.TOOL_CALLS:
+            return "tool_use", None
+        if f is FinishReason.LENGTH:
+            return "max_tokens", None
+        if self.gen.stop_hit:
+            return "stop_sequence", self.gen.decoder.stop_string
+        return "end_turn", None
+
+    def _ignis(self, ev: EdgeDone) -> dict:
+        return {"reuse": reuse_object(ev.reuse), "timings": timings_object(ev.timings),
+                "finish_reason": ev.finish_reason.value}
+
+    def _message(self, content: list, stop_reason, stop_sequence, usage: dict) -> dict:
+        return {"id": self.mid, "type": "message", "role": "assistant", "model": self.model, "content": content,
+                "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": usage}
+
+    # ---- stream ----
+    def head(self) -> bytes:
+        n = len(self.gen.request.prompt_ids)
+        usage = {"input_tokens": n, "output_tokens": 0, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
+        return sse_event("message_start", {"type": "message_start", "message": self._message([], None, None, usage)})
+
+    def _close(self) -> bytes:
+        if self.open is None:
+            return b""
+        self.open = None
+        return sse_event("content_block_stop", {"type": "content_block_stop", "index": self.index})
+
+    def _start(self, kind: str, block: dict) -> bytes:
+        out = self._close()
+        self.index += 1
+        self.open = kind
+        return out + sse_event("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                       "content_block": block})
+
+    def _delta(self, delta: dict) -> bytes:
+        return sse_event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
+
+    def delta(self, ev: EdgeDelta) -> bytes:
+        out = b""
+        if ev.reasoning_content:
+            if self.open != "thinking":
+                out += self._start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            out += self._delta({"type": "thinking_delta", "thinking": ev.reasoning_content})
+        if ev.text:
+            if self.open != "text":
+                out += self._start("text", {"type": "text", "text": ""})
+            out += self._delta({"type": "text_delta", "text": ev.text})
+        for p in ev.tool_calls or ():
+            if p.id is not None:
+                out += self._start("tool_use", {"type": "tool_use", "id": p.id, "name": p.name, "input": {}})
+            if p.arguments:
+                out += self._delta({"type": "input_json_delta", "partial_json": p.arguments})
+        return out
+
+    def done(self, ev: EdgeDone) -> bytes:
+        stop_reason, stop_sequence = self._stop(ev)
+        return self._close() + sse_event("message_delta", {
+            "type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+            "usage": usage_object(ev), "ignis": self._ignis(ev)}) + sse_event("message_stop", {"type": "message_stop"})
+
+    def fail(self, ev: EdgeError) -> bytes:
+        status = STATUS.get(ev.code, 500)
+        return self._close() + sse_event("error", {"type": "error", "error": {
+            "type": ERROR_TYPES.get(status, "api_error"), "message": ev.message,
+            "ignis": {"code": ev.code, "field": ev.field}}})
+
+    # ---- whole ----
+    def final(self, ev: EdgeDone) -> dict:
+        m = ev.message
+        content: list[dict] = []
+        if m.reasoning_content:
+            content.append({"type": "thinking", "thinking": m.reasoning_content, "signature": ""})
+        if m.content:
+            content.append({"type": "text", "text": m.content})
+        for c in m.tool_calls or ():
+            content.append({"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)})
+        stop_reason, stop_sequence = self._stop(ev)
+        return {**self._message(content, stop_reason, stop_sequence, usage_object(ev)), "ignis": self._ignis(ev)}
+
+
+class AnthropicFront:
+    """The Messages routes of `http` (ignisd.fronts.http.HttpFront: its edge, body limit, billing-header switch)."""
+
+    def __init__(self, http):
+        self.http = http
+
+    async def _chat(self, request: web.Request, op_name: str, rid: str):
+        """(body, op, paths): the request body, its chat (or tokenize) op and the Anthropic path of each message."""
+        body = await read_json(request, self.http.max_body_bytes)
+        chat, paths = to_chat(body, self.http.strip_billing_header)
+        try:
+            return body, parse_op(chat, op_name, rid), paths
+        except P.ProtocolError as e:
+            raise remap(e, paths) from None
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/messages: the `chat` op, answered as a message or its event stream."""
+        edge = self.http.edge
+        mid = new_id("msg_")
+        body, op, paths = await self._chat(request, "chat", mid)
+        try:
+            gen = edge.prepare_chat(op, "h:" + mid)
+        except P.ProtocolError as e:
+            raise remap(e, paths) from None
+        return await answer(request, edge, gen, _Render(mid, model_name(body, edge), gen))
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        """POST /v1/messages/count_tokens: the rendered prompt's token count, as the `tokenize` op counts it."""
+        _, op, paths = await self._chat(request, "tokenize", new_id("count_"))
+        try:
+            n = len(self.http.edge.tokenize(op)["tokens"])
+        except P.ProtocolError as e:
+            raise remap(e, paths) from None
+        return web.Response(body=dumps({"input_tokens": n}), content_type="application/json")
