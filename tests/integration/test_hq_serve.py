@@ -16,26 +16,36 @@ from test_reuse import burst, cached, chat, cuts, fresh, long_user, settle, word
 HQ = ["--model-kv-format", "hq-e8-2b"]
 
 
+def _module_daemon(start_daemon, args):
+    """A daemon for this module only: stopped when the module ends (start_daemon's own teardown is at the end of
+    the session; SmolLM2 daemons are ~2 GB each)."""
+    d = start_daemon(args)
+    yield d
+    d.stop()
+
+
 @pytest.fixture(scope="module")
 def smollm_hq(start_daemon):
-    return start_daemon(["--lanes", "4", "--vram-kv-pool-bytes", "16Ktok", *HQ])
+    yield from _module_daemon(start_daemon, ["--lanes", "4", "--vram-kv-pool-bytes", "16Ktok", *HQ])
 
 
 @pytest.fixture(scope="module")
 def smollm_hq_off(start_daemon):
-    return start_daemon(["--lanes", "2", "--vram-kv-pool-bytes", "8Ktok", "--reuse-prompt", "off", *HQ])
+    yield from _module_daemon(start_daemon, ["--lanes", "2", "--vram-kv-pool-bytes", "8Ktok", "--reuse-prompt", "off",
+                                             *HQ])
 
 
 @pytest.fixture(scope="module")
 def qwen_hq(start_daemon, tiny_qwen35_real_dir):
-    return start_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "4", "--vram-kv-pool-bytes", "8Ktok",
-                         "--model-context-tokens", "2048", *HQ])
+    yield from _module_daemon(start_daemon, ["--model", str(tiny_qwen35_real_dir), "--lanes", "4",
+                                             "--vram-kv-pool-bytes", "8Ktok", "--model-context-tokens", "2048", *HQ])
 
 
 @pytest.fixture(scope="module")
 def qwen_hq_off(start_daemon, tiny_qwen35_real_dir):
-    return start_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "2", "--vram-kv-pool-bytes", "4Ktok",
-                         "--model-context-tokens", "2048", "--reuse-prompt", "off", *HQ])
+    yield from _module_daemon(start_daemon, ["--model", str(tiny_qwen35_real_dir), "--lanes", "2",
+                                             "--vram-kv-pool-bytes", "4Ktok", "--model-context-tokens", "2048",
+                                             "--reuse-prompt", "off", *HQ])
 
 
 @pytest.mark.smollm
@@ -122,18 +132,26 @@ def test_hybrid_hq_turn2_and_burst(qwen_hq, qwen_hq_off):
 
 @pytest.fixture(scope="module")
 def tiny_hq_cold(start_daemon, tiny_llama_dir):
-    return start_daemon(["--model", str(tiny_llama_dir), "--lanes", "1", "--vram-kv-pool-bytes", "4Ktok",
-                         "--model-context-tokens", "1024", "--reuse-prompt", "off", *HQ])
+    yield from _module_daemon(start_daemon, ["--model", str(tiny_llama_dir), "--lanes", "1", "--vram-kv-pool-bytes",
+                                             "4Ktok", "--model-context-tokens", "1024", "--reuse-prompt", "off", *HQ])
 
 
 def test_churn_under_hq_hits_each_tier_with_the_cold_output(start_daemon, tiny_llama_dir, tiny_hq_cold, tmp_path):
     """The tiers issue's churn test with hq-e8-2b pages: turn 1's checkpoint (its encoded pages + an image holding
     the exact window) is hit on the device, from KV-RAM and from KV-disk, each time with the cold run's output."""
-    from test_tiers import chat as tchat
-    from test_tiers import checkpoint_tokens, convo, push, tiered_args
+    from test_tiers import tiered_args
     # hq-e8-2b gives an all-attention model an image (the window) and so image slots; enough of them that page
     # pressure, not slot pressure, moves turn 1's checkpoint down (slot pressure sends a state straight to disk)
     d = start_daemon(tiered_args(tiny_llama_dir, tmp_path / "kv") + HQ + ["--reuse-host-slots-per-lane", "48"])
+    try:
+        _churn(d, tiny_hq_cold)
+    finally:
+        d.stop()
+
+
+def _churn(d, tiny_hq_cold):
+    from test_tiers import chat as tchat
+    from test_tiers import checkpoint_tokens, convo, push
     c = d.conn()
     first = tchat(c, "t1", convo(1))
     turn2 = convo(1, turns=2)
