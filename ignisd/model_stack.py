@@ -29,8 +29,8 @@ from ignisd.edge import Edge
 from ignisd.engine import Engine
 from ignisd.log import get_logger
 from ignisd.model.loader import ModelSource, load_model, open_model
-from ignisd.preflight import (StartupError, check_arena, choose_kv_format, context_tokens, mem_available_bytes,
-                              plan_pool_pages, read_api_key)
+from ignisd.preflight import (StartupError, check_arena, check_formats, choose_kv_format, context_tokens,
+                              mem_available_bytes, plan_pool_pages, read_api_key)
 from ignisd.request import DoneEvent, ErrorEvent, Request, SamplingParams
 from ignisd.runner import Runner
 from ignisd.scheduler import Scheduler
@@ -48,7 +48,7 @@ WARMUP_TOKENS = 4     # prompt tokens of the warm-up request (one prefill round,
 @dataclass
 class LoadPlan:
     """What preflight found: the configuration, the API key, the KV format, the model's metadata (source), the
-    context cap (tokens) and the KV pool's size (pages)."""
+    context cap (tokens), the KV pool's size (pages) and why that KV format (preflight.choose_kv_format)."""
 
     cfg: Config
     api_key: str | None
@@ -56,6 +56,11 @@ class LoadPlan:
     source: ModelSource
     context: int
     pages: int
+    kv_why: str = "model.kv_format"
+
+    def kv_format_obj(self):
+        """The KVFormat with kv.exact_window / kv.exact_sinks applied (cache.kv_format.get_kv_format)."""
+        return get_kv_format(self.kv_format, self.cfg.kv.exact_window, self.cfg.kv.exact_sinks)
 
     def model_info(self) -> dict:
         """The `status.model` fields known before the weights load (page and state bytes are 0 until then)."""
@@ -68,18 +73,19 @@ def preflight(cfg: Config) -> LoadPlan:
     """Every check that needs no weights, then the model's metadata. Raises StartupError: exit 2 naming the key
     (api key file, formats, context, pool size), exit 1 when nothing loadable is at model.path."""
     api_key = read_api_key(cfg.server.api_key_file)
-    kv_format = choose_kv_format(cfg)
-    fmt = get_kv_format(kv_format)
+    check_formats(cfg)
     where = cfg.model.path or "the built-in model"
     try:
         source = open_model(cfg.model.path)
     except (OSError, ValueError, KeyError) as e:
         raise StartupError(f"model.path {where}: cannot load: {e}") from None
+    kv_format, kv_why = choose_kv_format(cfg, source.spec.head_dim)      # the default needs the head_dim
+    fmt = get_kv_format(kv_format, cfg.kv.exact_window, cfg.kv.exact_sinks)
     context = context_tokens(cfg, source.spec.context_tokens)
     mem = mem_available_bytes()
     pages = plan_pool_pages(cfg, fmt.bytes_per_token(source.spec), context, mem)
     check_arena(cfg, mem)
-    return LoadPlan(cfg, api_key, kv_format, source, context, pages)
+    return LoadPlan(cfg, api_key, kv_format, source, context, pages, kv_why)
 
 
 class ModelStack:
@@ -93,7 +99,7 @@ class ModelStack:
     def __init__(self, plan: LoadPlan, metrics=None, progress=None):
         cfg, src = plan.cfg, plan.source
         self.kv_format, self.context = plan.kv_format, plan.context
-        fmt = get_kv_format(plan.kv_format)
+        fmt = plan.kv_format_obj()
         where = cfg.model.path or "the built-in model"
         t0 = time.monotonic()
         torch.set_num_threads(cfg.effective_threads())
@@ -129,9 +135,10 @@ class ModelStack:
                 retained_states = {"device": StateStore(state_buffers, dev_n),
                                    "host": StateStore(state_buffers, host_n)}
                 retained_bytes = sum(st.nbytes for st in retained_states.values())
-            retained = RetainedStore(Stamp(spec.structural_hash(), self.kv_format), page_tokens=PAGE_TOKENS,
+            retained = RetainedStore(Stamp(spec.structural_hash(), fmt.stamp), page_tokens=PAGE_TOKENS,
                                      device_slots=StateSlots(dev_n), host_slots=StateSlots(host_n),
-                                     needs_slot=bool(state_buffers), interactive_ttl=rc.retained_interactive_ttl)
+                                     needs_slot=bool(state_buffers), interactive_ttl=rc.retained_interactive_ttl,
+                                     kv_format=fmt)
         runner = Runner(self.loaded.model, self.kv, self.states, retained_states)
         try:
             self.tier_setup = build_tiers(cfg, self.kv.page_bytes, fmt.bytes_per_token(spec),
@@ -141,7 +148,7 @@ class ModelStack:
             raise StartupError(f"kv.disk_dir {cfg.kv.disk_dir!r}: {e}", exit_code=2) from None
         runner.arena = self.tier_setup.arena
         cache = CacheManager(pool, self.kv.page_bytes, slots=slots, state_bytes=state_bytes, retained=retained,
-                             tiers=self.tier_setup.tiers)
+                             tiers=self.tier_setup.tiers, kv_format=fmt)
         disk_found = index_disk(self.tier_setup, retained)
         self.scheduler = Scheduler(cache, lanes=lanes, context_tokens=self.context,
                                    prefill_chunk=cfg.server.prefill_chunk,
@@ -160,7 +167,8 @@ class ModelStack:
                          developer_policy=cfg.server.developer_message_policy, metrics=metrics,
                          output_family=OUTPUT_FAMILIES.get(spec.arch, "none"))
         log.info("vram_plan", model=spec.name, model_bytes=self.loaded.weight_bytes, kv_format=self.kv_format,
-                 page_bytes=self.kv.page_bytes, kv_pool_pages=pages, kv_pool_tokens=pages * PAGE_TOKENS,
+                 kv_format_why=plan.kv_why, kv_stamp=fmt.stamp, page_bytes=self.kv.page_bytes, kv_pool_pages=pages,
+                 kv_pool_tokens=pages * PAGE_TOKENS,
                  kv_pool_bytes=self.kv.nbytes, state_bytes=state_bytes,
                  live_state_bytes=self.states.nbytes if self.states is not None else 0,
                  retained_slot_bytes=retained_bytes, reuse_prompt=rc.prompt, **self.tier_setup.info,

@@ -12,7 +12,9 @@ from pathlib import Path
 from ignisd.config import Config
 from ignisd.vocab import PAGE_TOKENS
 
-AVAILABLE_KV_FORMATS = ("fp32", "bf16")
+AVAILABLE_KV_FORMATS = ("fp32", "bf16", "hq-e8-2b")
+HQ_MIN_HEAD_DIM = 128
+"""The default rule of DESIGN §4.6 / §6: hq-e8-2b for models whose attention head_dim is at least this."""
 AVAILABLE_WEIGHT_FORMATS = ("native", "fp32")
 
 
@@ -54,10 +56,24 @@ def check_formats(cfg: Config) -> None:
                            f"until quantized kernels exist)", exit_code=2)
 
 
-def choose_kv_format(cfg: Config) -> str:
-    """model.kv_format, or the default of DESIGN §6 on the CPU (fp32: hq-e8-2b is not in this build)."""
+def choose_kv_format(cfg: Config, head_dim: int, device: str = "cpu") -> tuple[str, str]:
+    """The KV format and why (DESIGN §4.6, §6): model.kv_format when set, else hq-e8-2b when the model's attention
+    head_dim >= HQ_MIN_HEAD_DIM (the hybrids it was designed for), else fp32 on the CPU (bf16 on CUDA).
+    Returns (name, reason), the reason a short phrase for the vram_plan line. Raises StartupError (exit 2) for a
+    format this build cannot serve, or hq-e8-2b on a head_dim that is not a power of two >= 8."""
     check_formats(cfg)
-    return cfg.model.kv_format or "fp32"
+    fmt = cfg.model.kv_format
+    if fmt is not None:
+        why = "model.kv_format"
+    elif head_dim >= HQ_MIN_HEAD_DIM:
+        fmt, why = "hq-e8-2b", f"default: head_dim {head_dim} >= {HQ_MIN_HEAD_DIM}"
+    else:
+        fmt = "bf16" if device == "cuda" else "fp32"
+        why = f"default: head_dim {head_dim} < {HQ_MIN_HEAD_DIM}, {fmt} on {device}"
+    if fmt == "hq-e8-2b" and (head_dim < 8 or head_dim & (head_dim - 1)):
+        raise StartupError(f"model.kv_format = 'hq-e8-2b' needs a power-of-two attention head_dim >= 8; this model's "
+                           f"is {head_dim}", exit_code=2)
+    return fmt, why
 
 
 def context_tokens(cfg: Config, model_context: int) -> int:

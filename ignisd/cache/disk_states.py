@@ -77,7 +77,7 @@ class DiskStates:
             with_image = s.slot is not None
             if with_image != (t.image_bytes > 0):
                 continue
-            need = t.state_bytes(len(s.pages) if s.tier == DEVICE else -(-s.n_tokens // self.page_tokens),
+            need = t.state_bytes(len(s.pages) if s.tier == DEVICE else r.state_pages(s.n_tokens),
                                  with_image) + t.header_bytes
             if need > budget:
                 continue
@@ -97,7 +97,8 @@ class DiskStates:
         if s is None or (s.tier != DISK and not any_tier):
             return None
         t = self.tiers
-        return disk_record(s, t.page_tokens, t.page_bytes, t.image_layout, t.image_bytes > 0)
+        return disk_record(s, t.page_tokens, t.page_bytes, t.image_layout, t.image_bytes > 0,
+                           self.retained.state_pages(s.n_tokens))
 
     def take_disk_deletes(self) -> list[str]:
         """Keys of KV-disk files whose states were dropped since the last call (the engine removes them)."""

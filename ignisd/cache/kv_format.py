@@ -6,11 +6,20 @@ holds those three numbers; a ModelSpec has attributes of the same names and may 
 read (duck-typed: cache/ never imports model/).
 
 The dense formats (fp32, bf16) store K and V as they are: page buffers "k" and "v", each [Hkv, d] per token and
-layer in the format's dtype, and no per-sequence state. hq-e8-2b (HQ_E8_2B.md) will add code and metadata page
-buffers, and an exact window (plus exact sinks) as per-sequence state.
+layer in the format's dtype, and no per-sequence state. hq-e8-2b (HQ_E8_2B.md, `HQFormat`) stores per token and
+layer a 2-bit E8P record per (kind, KV head): "codes" int16 [2, Hkv, d/8], "scale" float32 [2, Hkv], "resid" and
+"norm" float16 [2, Hkv] (index 0 keys, 1 values; 16·d/8 + 8 bytes a head-token, §1.2), and as per-sequence state
+its exact recent window ("kv_window") and exact sinks ("kv_sinks") in the rotated domain (§4.3).
+
+Layout, where it differs from HQ_E8_2B.md §1.3: the spec packs each (layer, page) as one 36,864-byte block of
+per-(kind, head) struct-of-arrays sub-blocks; here every field is one pool-wide array [layers, slots, 2, Hkv, ...]
+(KVStore's one tensor per page buffer), token-major inside a page. Same bytes per page (a page of a layer is still
+64 × 576 B on the target) and every field of a page still starts 128-B aligned; the GPU kernels read a (kind, head)
+token row with a stride of 2·Hkv records instead of 1. A persisted cache names the layout with the format's stamp.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -78,17 +87,115 @@ class KVFormat:
         """Bytes of one page of `page_tokens` tokens across all attention layers."""
         return page_tokens * self.bytes_per_token(geom)
 
+    @property
+    def exact_window_pages(self) -> int | None:
+        """Pages kept exact before the current one (hq-e8-2b's Wp), or None for a format without an exact window."""
+        return None
+
+    def retained_pages(self, pos: int, page_tokens: int) -> tuple[int, bool]:
+        """What a retained state captured at `pos` tokens holds in the pool: (n, copy) = its first n pages shared in
+        place, and whether it also takes a private copy of the partial page at pos. Dense: (pos // pt, pos % pt != 0).
+        A resumed request shares the same n pages."""
+        return pos // page_tokens, pos % page_tokens != 0
+
+    @property
+    def stamp(self) -> str:
+        """The format's identity in retained-state stamps and persisted caches (DESIGN §4.4): the name for dense."""
+        return self.name
+
+
+HQ_DEFAULT_WINDOW = 128
+"""kv.exact_window's default (tokens): the current page plus the two before it stay exact (HQ_E8_2B.md §4.3)."""
+
+
+@dataclass(frozen=True)
+class HQFormat(KVFormat):
+    """hq-e8-2b (HQ_E8_2B.md): 2-bit E8P pages read directly by attention, with an exact window and sinks.
+
+    exact_window: tokens kept exact besides the current page, page-granular: Wp = ceil(exact_window / pt) whole
+    pages before the current one (so between Wp·pt + 1 and (Wp + 1)·pt recent tokens are exact). exact_sinks: the
+    first S positions, kept exact for the whole sequence. exact_dtype: the window's storage dtype (float32 on the
+    CPU, where activations are fp32; bfloat16 on CUDA, §4.3). page_tokens: tokens per page (the window's unit).
+    Raises ValueError for a negative window or sink count.
+    """
+
+    exact_window: int = HQ_DEFAULT_WINDOW
+    exact_sinks: int = 1
+    exact_dtype: str = "float32"
+    page_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        if self.exact_window < 0 or self.exact_sinks < 0 or self.page_tokens < 1:
+            raise ValueError(f"hq-e8-2b: exact_window {self.exact_window} and exact_sinks {self.exact_sinks} must be "
+                             f">= 0")
+
+    @property
+    def exact_window_pages(self) -> int:
+        """Wp = ceil(exact_window / page_tokens)."""
+        return math.ceil(self.exact_window / self.page_tokens)
+
+    @property
+    def ring_tokens(self) -> int:
+        """R = (Wp + 1) · page_tokens: the per-layer ring of exact tokens in a state slot."""
+        return (self.exact_window_pages + 1) * self.page_tokens
+
+    def page_buffers(self, geom: Geometry) -> list[BufferSpec]:
+        """Per token and layer: codes int16 [2, Hkv, d/8], scale float32 [2, Hkv], resid float16 [2, Hkv], norm
+        float16 [2, Hkv] (HQ_E8_2B.md §1.2; kind 0 keys, 1 values). Raises ValueError unless d is a power of two
+        >= 8."""
+        h, d = int(geom.num_kv_heads), int(geom.head_dim)
+        if d < 8 or d & (d - 1):
+            raise ValueError(f"hq-e8-2b needs a power-of-two head_dim >= 8, got {d}")
+        return [BufferSpec("codes", (2, h, d // 8), "int16"), BufferSpec("scale", (2, h), "float32"),
+                BufferSpec("resid", (2, h), "float16"), BufferSpec("norm", (2, h), "float16")]
+
+    def seq_state_buffers(self, geom: Geometry) -> list[BufferSpec]:
+        """Per state slot: "kv_window" [L, 2, R, Hkv, d] (ring, slot = position % R) and, when exact_sinks > 0,
+        "kv_sinks" [L, 2, S, Hkv, d], both rotated, in exact_dtype."""
+        n, h, d = int(geom.n_attention_layers), int(geom.num_kv_heads), int(geom.head_dim)
+        out = [BufferSpec("kv_window", (n, 2, self.ring_tokens, h, d), self.exact_dtype)]
+        if self.exact_sinks:
+            out.append(BufferSpec("kv_sinks", (n, 2, self.exact_sinks, h, d), self.exact_dtype))
+        return out
+
+    def encoded_pages(self, ctx: int) -> int:
+        """Pages [0, n) encoded once positions 0 .. ctx−1 are written: max(0, (ctx − 1) // pt − Wp); 0 for ctx 0
+        (the window rule of ignis_kernels.attention.exact)."""
+        return 0 if ctx <= 0 else max(0, (ctx - 1) // self.page_tokens - self.exact_window_pages)
+
+    def retained_pages(self, pos: int, page_tokens: int) -> tuple[int, bool]:
+        """(encoded_pages(pos), False): a retained state holds only pages already encoded; the window and its
+        partial page travel in its image (DESIGN §4.6), so no page is copied and a resumed request encodes the
+        rest into its own pages."""
+        if page_tokens != self.page_tokens:
+            raise ValueError(f"hq-e8-2b built for {self.page_tokens}-token pages, asked about {page_tokens}")
+        return self.encoded_pages(pos), False
+
+    @property
+    def stamp(self) -> str:
+        """name/w<Wp pages>/s<sinks>/<exact dtype>/seed<FORMAT_SEED hex>: two daemons with another window, sink
+        count or seed keep incompatible images and pages."""
+        return f"{self.name}/w{self.exact_window_pages}/s{self.exact_sinks}/{self.exact_dtype}/seed6871653832620001"
+
 
 KV_FORMATS: dict[str, KVFormat] = {
     "fp32": KVFormat("fp32", "dense", "float32"),
     "bf16": KVFormat("bf16", "dense", "bfloat16"),
+    "hq-e8-2b": HQFormat("hq-e8-2b", "hq-e8-2b", "float32"),
 }
-"""The formats this build stores, by name (hq-e8-2b arrives with its kernels)."""
+"""The formats this build stores, by name (hq-e8-2b with its default window and sinks; see get_kv_format)."""
 
 
-def get_kv_format(name: str) -> KVFormat:
-    """Return the KVFormat called `name`. Raises ValueError naming the allowed formats when `name` is unknown."""
+def get_kv_format(name: str, exact_window: int | None = None, exact_sinks: int | None = None) -> KVFormat:
+    """Return the KVFormat called `name`; for hq-e8-2b with kv.exact_window (None: HQ_DEFAULT_WINDOW) and
+    kv.exact_sinks (None: the format's default) applied; the dense formats ignore both. Raises ValueError naming the
+    allowed formats when `name` is unknown, or for a negative window / sink count."""
     try:
-        return KV_FORMATS[name]
+        fmt = KV_FORMATS[name]
     except KeyError:
         raise ValueError(f"kv_format {name!r} is not supported; allowed: {', '.join(KV_FORMATS)}") from None
+    if isinstance(fmt, HQFormat):
+        fmt = HQFormat(fmt.name, fmt.tag, fmt.dtype,
+                       exact_window=HQ_DEFAULT_WINDOW if exact_window is None else exact_window,
+                       exact_sinks=fmt.exact_sinks if exact_sinks is None else exact_sinks)
+    return fmt

@@ -4,37 +4,70 @@ Built from a format (cache/kv_format.py) and a KV geometry (a KVGeometry or a Mo
 imports model/). One tensor per page buffer of the format, [n_attention_layers, num_pages * page_tokens, *per-token
 shape]; slot = page * page_tokens + offset. Which pages belong to whom is the page pool's business
 (cache/page_pool.py); this class only stores bytes. The attention layers reach it through the PagedKV protocol of
-ignis_kernels.attention (write, view).
+ignis_kernels.attention (write, view; write_exact for a format with an exact window).
+
+hq-e8-2b (HQ_E8_2B.md): the store also holds each attention layer's rotation signs (kernels/kvq/rotation.py) and
+encodes pages as they leave the exact window (`write_exact`; the window itself lives in the sequences' state
+slots). "hq-sim" is the same with a research quantizer (tools/bench_kvformat.py) in place of E8P.
+
+write_exact (a format with an exact window, HQ_E8_2B.md §4.3), for one attention layer and one forward batch (the
+chunks of several sequences, each with its state slot):
+1. rotate the new keys and values into the format's domain, u = H·(s ⊙ x)/√d (§2.1, the layer's sign vectors),
+   rounded to the window's storage dtype (what every exact read and the encoder then see);
+2. gather, per prefill chunk, the exact tokens its sequence's ring holds before the chunk (the window's start
+   through the chunk's start) — before step 4 overwrites them;
+3. encode every page that leaves the window during the chunk (pages [encoded_pages(start), encoded_pages(end)),
+   their 64 exact tokens from the ring and the chunk) into the pool, all pages of the layer in one encoder call;
+4. write the chunk's tokens into the ring (slot = position % R) and its sink positions (< S) into the sinks;
+5. return what attention reads: an ExactSpan per prefill chunk (window start .. chunk end, exact), and one
+   ExactRing for the batch's decode rows (each ring after the write).
+The window rule (ignis_kernels.attention.exact) depends only on positions, so the pages a sequence encodes and the
+bytes it writes are the same whatever the chunking, and a resumed request (ring restored from its image) encodes
+the pages that leave its window into its own pages.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from ignis_kernels.attention import PagedView
+import ignis_kernels.kvq as kvq
+from ignis_kernels.attention import ExactRing, ExactSpan, PagedView, window_start
+from ignis_kernels.kvq.rotation import layer_signs, rotate
 from ignisd.cache.kv_format import Geometry, KVFormat, KVGeometry
 from ignisd.vocab import PAGE_TOKENS
 
-_WRITE_TAGS = ("dense",)
-"""The view tags this store can write (encode) into; another format's writer arrives with its kernels."""
+_WRITE_TAGS = ("dense", "hq-e8-2b", "hq-sim")
+"""The view tags this store can write (encode) into."""
 
 
 class KVStore:
     """Page storage of one KV format.
 
-    fmt: the KVFormat (its tag must be writable here: "dense"; ValueError otherwise). geom: the model's KV geometry
-    (n_attention_layers, num_kv_heads, head_dim). num_pages: pages in the pool (>= 1). page_tokens: tokens per page
-    (>= 1). device: torch device. Every buffer is zero-initialised. Raises ValueError on a bad count.
+    fmt: the KVFormat (its tag must be writable here: "dense", "hq-e8-2b", "hq-sim"; ValueError otherwise). geom:
+    the model's KV geometry (n_attention_layers, num_kv_heads, head_dim). num_pages: pages in the pool (>= 1).
+    page_tokens: tokens per page (>= 1; an exact-window format's own page_tokens). device: torch device.
+    quantizer: "hq-sim" only: (u [N, 2, Hkv, d] float32 rotated, the layer's signs [2, Hkv, d]) -> {page buffer
+    name: [N, 2, Hkv, ...]} (a research codec, tools/kvq_baselines.py).
+    Every buffer is zero-initialised. Raises ValueError on a bad count.
     Attributes: format (the KVFormat), kv_format (its name), geometry (KVGeometry), num_pages, page_tokens,
-    n_attention_layers, device.
+    n_attention_layers, device, exact_window_pages (None for dense), signs (hq: float32 [L, 2, Hkv, d]).
     """
 
     def __init__(self, fmt: KVFormat, geom: Geometry, num_pages: int, page_tokens: int = PAGE_TOKENS,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu",
+                 quantizer: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]] | None = None) -> None:
         if num_pages < 1 or page_tokens < 1:
             raise ValueError(f"KVStore needs num_pages >= 1 and page_tokens >= 1, got {num_pages}, {page_tokens}")
         if fmt.tag not in _WRITE_TAGS:
             raise ValueError(f"KVStore: no writer for KV format {fmt.name!r} (tag {fmt.tag!r}); "
                              f"writable tags: {', '.join(_WRITE_TAGS)}")
+        self.exact_window_pages = fmt.exact_window_pages
+        if self.exact_window_pages is not None and getattr(fmt, "page_tokens", page_tokens) != page_tokens:
+            raise ValueError(f"KVStore: format {fmt.name!r} counts its window in {fmt.page_tokens}-token pages, "
+                             f"the pool has {page_tokens}")
+        if fmt.tag == "hq-sim" and quantizer is None:
+            raise ValueError("KVStore: an hq-sim format needs a quantizer")
         self.format = fmt
         self.kv_format = fmt.name
         self.geometry = KVGeometry.of(geom)
@@ -48,8 +81,15 @@ class KVStore:
             b.name: torch.zeros((self.n_attention_layers, slots, *b.shape), dtype=getattr(torch, b.dtype),
                                 device=self.device)
             for b in self._specs}
+        self.signs = None
+        if self.exact_window_pages is not None:
+            g = self.geometry
+            self.signs = torch.stack([layer_signs(i, g.num_kv_heads, g.head_dim) for i in range(g.n_attention_layers)]
+                                     ).to(self.device) if g.n_attention_layers else None
+        self._quantize = quantizer or _e8p_fields
         self._views = [PagedView(fmt.tag, {name: t[layer].view(num_pages, page_tokens, *t.shape[2:])
-                                           for name, t in self._buffers.items()}, page_tokens)
+                                           for name, t in self._buffers.items()}, page_tokens,
+                                 {"signs": self.signs[layer]} if self.signs is not None else {})
                        for layer in range(self.n_attention_layers)]
         if fmt.tag == "dense":
             self._k, self._v = self._buffers["k"], self._buffers["v"]
@@ -92,12 +132,36 @@ class KVStore:
         kb.index_copy_(0, slot_mapping, k.to(kb.dtype))
         vb.index_copy_(0, slot_mapping, v.to(vb.dtype))
 
+    def write_exact(self, layer: int, k: torch.Tensor, v: torch.Tensor, plan, states) -> tuple[list, object]:
+        """A format with an exact window: keep the batch's keys/values exact in their sequences' state slots and
+        encode the pages that leave the window (cache/exact_window.write_exact, which documents plan, states and the
+        returned (ExactSpans, ExactRing)). k, v: [T, Hkv, d] float. Raises ValueError on a dense store."""
+        if self.exact_window_pages is None:
+            raise ValueError(f"KVStore: format {self.kv_format!r} keeps no exact window; use write()")
+        return write_exact(self, layer, k, v, plan, states)
+
+    def encode_into(self, layer: int, slots: torch.Tensor, u: torch.Tensor) -> None:
+        """Encode exact rotated tokens into the pool: u [N, 2, Hkv, d] (N tokens, kind 0 keys, 1 values) at pool
+        slots `slots` (LongTensor [N]) of attention layer `layer`, every page buffer at once."""
+        fields = self._quantize(u.float(), self.signs[layer])
+        for name, t in fields.items():
+            buf = self._buffers[name][layer]
+            buf.index_copy_(0, slots, t.reshape(u.shape[0], *buf.shape[1:]).to(buf.dtype))
+
     def view(self, layer: int) -> PagedView:
         """Attention layer `layer`'s pages as the kernels read them: PagedView(tag, {name: [num_pages, page_tokens,
         *per-token shape]}, page_tokens), views of the storage. Raises IndexError for a bad layer."""
         if not 0 <= layer < self.n_attention_layers:
             raise IndexError(f"attention layer {layer} out of range [0, {self.n_attention_layers})")
         return self._views[layer]
+
+    def decode(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hq-e8-2b: the decoded keys and values of pool `slots` (LongTensor [S]) of layer `layer` in the original
+        domain, x̂ = s ⊙ H·(ŝ c)/√d (§2.5; tests and debugging only): float32 [S, Hkv, d] each."""
+        b = self._buffers
+        u = kvq.decode_rotated(b["codes"][layer].index_select(0, slots), b["scale"][layer].index_select(0, slots))
+        sg = self.signs[layer]
+        return kvq.unrotate(u[:, 0], sg[0]), kvq.unrotate(u[:, 1], sg[1])
 
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Read K and V of `slots` (LongTensor [S]) of attention layer `layer` (dense formats).
@@ -119,3 +183,82 @@ class KVStore:
         d = (torch.tensor(dst, device=self.device)[:, None] * pt + offs).reshape(-1)
         for t in self._buffers.values():
             t.index_copy_(1, d, t.index_select(1, s))
+
+
+def _e8p_fields(u: torch.Tensor, signs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """hq-e8-2b's record fields of rotated vectors u [N, 2, Hkv, d] (ignis_kernels.kvq.encode_rotated; the signs
+    are not needed: the record codes the rotated vector)."""
+    codes, scale, resid, norm = kvq.encode_rotated(u)
+    return {"codes": codes, "scale": scale, "resid": resid, "norm": norm}
+
+
+def _take_ring(win: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, ring: int) -> torch.Tensor:
+    """Ring rows of `positions` ([N, m]) in state slots `slots` ([N]) of one layer's window win [slots, 2, R, Hkv, d]
+    -> a copy [N, m, 2, Hkv, d]."""
+    return win.permute(0, 2, 1, 3, 4)[slots[:, None], positions % ring]
+
+
+def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, states) -> tuple[list, ExactRing | None]:
+    """Steps 1-5 above for attention layer `layer` of `store` (a KVStore of an exact-window format).
+
+    k, v: [T, Hkv, d] float, the batch's new keys (post-RoPE) and values, rows in batch order. plan: the forward's
+    AttentionPlan (duck-typed: prefill = [(row, n, start, page_table, slot)], decode_rows / decode_pages /
+    decode_lens / decode_slots). states: the state store holding "kv_window" (and "kv_sinks") for every slot.
+    Returns ([ExactSpan per prefill chunk, in plan order], ExactRing of the decode rows or None).
+    Raises ValueError for a chunk without a state slot, KeyError for a state store without the window buffers.
+    """
+    fmt, pt = store.format, store.page_tokens
+    wp, ring, n_sinks = fmt.exact_window_pages, fmt.ring_tokens, fmt.exact_sinks
+    signs = store.signs[layer]
+    win = states.buffer("kv_window")[:, layer]                               # [slots, 2, R, Hkv, d]
+    sinks = states.buffer("kv_sinks")[:, layer] if n_sinks else None         # [slots, 2, S, Hkv, d]
+    u = torch.stack((rotate(k, signs[0]), rotate(v, signs[1])), dim=1).to(win.dtype)   # [T, 2, Hkv, d]
+    dev = u.device
+    enc_rows: list[torch.Tensor] = []
+    enc_slots: list[torch.Tensor] = []
+    offs = torch.arange(pt, device=dev)
+    spans = []
+    for row, n, start, pages, slot in plan.prefill:
+        if slot is None:
+            raise ValueError("hq-e8-2b: a chunk without a state slot (the exact window lives in the slot)")
+        end = start + n
+        e0, e1 = fmt.encoded_pages(start), fmt.encoded_pages(end)
+        lo = e0 * pt
+        sl = torch.tensor([slot], device=dev)
+        before = _take_ring(win, sl, torch.arange(lo, start, device=dev)[None], ring)[0]
+        full = torch.cat((before, u[row:row + n]), dim=0)                    # positions lo .. end-1
+        if e1 > e0:
+            enc_rows.append(full[e0 * pt - lo:e1 * pt - lo])
+            enc_slots.append((pages[e0:e1].to(dev)[:, None] * pt + offs).reshape(-1))
+        w0 = max(start, end - ring)
+        win.permute(0, 2, 1, 3, 4)[slot, torch.arange(w0, end, device=dev) % ring] = u[row + w0 - start:row + n]
+        if sinks is not None and start < n_sinks:
+            s1 = min(end, n_sinks)
+            sinks.permute(0, 2, 1, 3, 4)[slot, start:s1] = u[row:row + s1 - start]
+        first = window_start(start, wp, pt)
+        part = full[first - lo:].float()
+        sk = sinks[slot, :, :min(n_sinks, end)].float() if sinks is not None else u.new_zeros(2, 0, *u.shape[2:])
+        spans.append(ExactSpan(part[:, 0], part[:, 1], first, sk[0], sk[1], n_sinks, wp))
+    ring_out = None
+    if plan.decode_rows is not None:
+        if plan.decode_slots is None:
+            raise ValueError("hq-e8-2b: decode rows without state slots (the exact window lives in the slot)")
+        rows, slots, pos = plan.decode_rows, plan.decode_slots, plan.decode_lens - 1
+        leaving = pos // pt - wp - 1                                          # page leaving at a page start
+        sel = ((pos % pt == 0) & (leaving >= 0)).nonzero()[:, 0]
+        if sel.numel():
+            q = leaving[sel]
+            enc_rows.append(_take_ring(win, slots[sel], q[:, None] * pt + offs, ring).reshape(-1, *u.shape[1:]))
+            page = plan.decode_pages[sel, q]
+            enc_slots.append((page[:, None] * pt + offs).reshape(-1))
+        win.permute(0, 2, 1, 3, 4)[slots, pos % ring] = u.index_select(0, rows)
+        if sinks is not None:
+            m = (pos < n_sinks).nonzero()[:, 0]
+            if m.numel():
+                sinks.permute(0, 2, 1, 3, 4)[slots[m], pos[m]] = u.index_select(0, rows[m])
+        sk = sinks[slots].float() if sinks is not None else u.new_zeros(slots.shape[0], 2, 0, *u.shape[2:])
+        w = win[slots].float()                                                # [B, 2, R, Hkv, d]
+        ring_out = ExactRing(w[:, 0], w[:, 1], sk[:, 0], sk[:, 1], wp)
+    if enc_rows:
+        store.encode_into(layer, torch.cat(enc_slots), torch.cat(enc_rows))
+    return spans, ring_out

@@ -83,10 +83,14 @@ class CacheManager(DiskStates, LiveEviction):
     the pool's KV format, every attention layer (status, metrics). slots: live state slots (None when neither the
     model nor the KV format keeps per-sequence state: sequences then hold no slot). state_bytes: bytes of one live
     slot. retained: the RetainedStore (None with reuse.prompt off); the manager becomes its ``on_free`` owner.
+    kv_format: the pool's KVFormat (cache/kv_format.py), whose ``retained_pages(pos, page_tokens)`` says which pages
+    a state captured at pos holds and whether its partial page is copied (None: dense — full pages shared, the
+    partial page copied; hq-e8-2b: only the pages already encoded, no copy: the window travels in the image).
     """
 
     def __init__(self, pool: PagePool, page_bytes: int, slots: StateSlots | None = None, state_bytes: int = 0,
-                 retained: RetainedStore | None = None, tiers: Tiers | None = None):
+                 retained: RetainedStore | None = None, tiers: Tiers | None = None, kv_format=None):
+        self.kv_format = kv_format
         self.pools: dict[str, PagePool] = {DEVICE: pool}
         self.page_bytes = page_bytes
         self.slots = slots
@@ -113,6 +117,12 @@ class CacheManager(DiskStates, LiveEviction):
     def page_tokens(self) -> int:
         """Tokens per page (64)."""
         return self.pool.page_tokens
+
+    def held_pages(self, pos: int) -> tuple[int, bool]:
+        """(pages shared by a state of `pos` tokens, whether its partial page is copied): the KV format's rule."""
+        if self.kv_format is None:
+            return pos // self.page_tokens, pos % self.page_tokens != 0
+        return self.kv_format.retained_pages(pos, self.page_tokens)
 
     def pages_for(self, tokens: int) -> int:
         """Pages that hold `tokens` tokens."""
@@ -157,8 +167,8 @@ class CacheManager(DiskStates, LiveEviction):
             self._loads.add(state.id)
             return Admission((), None, 0, ReuseMatch.of(lk), None, wait_for=state.id)
         resumed = lk.matched_tokens if state is not None else 0
-        pt = self.page_tokens
-        shared = list(state.pages[:resumed // pt]) if state is not None and state.tier == DEVICE else []
+        n_shared = self.held_pages(resumed)[0]
+        shared = list(state.pages[:n_shared]) if state is not None and state.tier == DEVICE else []
         n = self.pool.pages_for(bound_tokens) - len(shared)
         if n < 0:
             raise ValueError(f"{len(shared)} shared pages exceed the bound of {bound_tokens} tokens")
@@ -182,11 +192,12 @@ class CacheManager(DiskStates, LiveEviction):
     def _restore_op(self, seq_id: str, state, resumed: int, pages: list[int], slot: int | None) -> RestoreOp:
         pt = self.page_tokens
         p = state.placement
+        n_full, copied = self.held_pages(resumed)
         if p.tier == DEVICE:
-            partial = resumed % pt != 0
-            return RestoreOp(seq_id, state.id, p.pages[resumed // pt] if partial else None,
-                             pages[resumed // pt] if partial else None, p.slot_tier, p.slot, slot)
-        own = tuple(pages[:-(-resumed // pt)])
+            partial = copied and resumed % pt != 0
+            return RestoreOp(seq_id, state.id, p.pages[n_full] if partial else None,
+                             pages[n_full] if partial else None, p.slot_tier, p.slot, slot)
+        own = tuple(pages[:self.retained.state_pages(resumed)])
         if p.tier == RAM:
             return RestoreOp(seq_id, state.id, None, None, p.slot_tier, p.slot, slot, tier=RAM, dst_pages=own,
                              src_offset=p.extents[0][0])
@@ -236,7 +247,7 @@ class CacheManager(DiskStates, LiveEviction):
             return t.refused
         pos = len(t.tokens)
         copy = src = None
-        if pos % self.page_tokens:
+        if self.held_pages(pos)[1]:
             if not self._make_room(1):
                 self.retained.abort(t)
                 return "no_slot"
@@ -253,7 +264,7 @@ class CacheManager(DiskStates, LiveEviction):
 
     def _commit(self, ticket_id: str) -> CommitResult:
         seq_id, t, copy = self._captures.pop(ticket_id)
-        full = list(self._live[seq_id][:len(t.tokens) // self.page_tokens])
+        full = list(self._live[seq_id][:self.held_pages(len(t.tokens))[0]])
         self.pool.incref(full)
         return self.retained.commit(t, full + ([copy] if copy is not None else []))
 

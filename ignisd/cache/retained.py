@@ -48,13 +48,16 @@ class RetainedStore:
     checkpoint may idle in KV-RAM before it ranks as an agent one. clock: seconds (time.monotonic; tests inject).
     on_free: called with the Placement of every state (or duplicate commit) whose bytes the store lets go, after
     the store released its slot; the owner drops the page references (the cache manager's job).
+    kv_format: the pool's KVFormat, whose ``retained_pages`` says how many device pages a state of n tokens holds
+    (None: pages_for(n), the dense rule; hq-e8-2b: only its encoded pages).
     """
 
     def __init__(self, stamp: Stamp, *, page_tokens: int = PAGE_TOKENS, device_slots: StateSlots | None = None,
                  host_slots: StateSlots | None = None, needs_slot: bool = True,
                  interactive_ttl: float = DEFAULT_INTERACTIVE_TTL, clock: Callable[[], float] = time.monotonic,
-                 on_free: Callable[[Placement], None] | None = None):
+                 on_free: Callable[[Placement], None] | None = None, kv_format=None):
         self.page_tokens = page_tokens
+        self.kv_format = kv_format
         self.stamp = stamp
         self.on_free = on_free
         self.move_down: Callable[[RetainedState], bool] | None = None   # the owner's tier policy (slot victims)
@@ -142,6 +145,14 @@ class RetainedStore:
                 return s
         return None
 
+    def state_pages(self, tokens: int) -> int:
+        """Device pages a retained state of `tokens` tokens holds: pages_for(tokens) (dense), or the KV format's
+        retained_pages (shared + copied partial page; hq-e8-2b: its encoded pages)."""
+        if self.kv_format is None:
+            return -(-tokens // self.page_tokens)
+        n, copy = self.kv_format.retained_pages(tokens, self.page_tokens)
+        return n + int(copy)
+
     def reserve_capture(self, kind: str, tokens: Sequence[int], image_spans: Iterable[Sequence] = (), *,
                         priority="interactive", after_user: bool = False,
                         stamp: Stamp | None = None) -> CaptureTicket:
@@ -207,12 +218,12 @@ class RetainedStore:
         state. If an identical state was committed meanwhile, this one's pages (through ``on_free``) and slot are
         released and that one is returned.
 
-        Raises ValueError for a ticket that is not reserved, or a page count other than pages_for(len(tokens)).
+        Raises ValueError for a ticket that is not reserved, or a page count other than state_pages(len(tokens)).
         """
         if self._tickets.get(ticket.id) is not ticket:
             raise ValueError(f"ticket {ticket.id} is not reserved (refused, aborted or committed)")
         pages = list(pages)
-        want = -(-len(ticket.tokens) // self.page_tokens)
+        want = self.state_pages(len(ticket.tokens))
         if len(pages) != want:
             raise ValueError(f"{len(pages)} pages for {len(ticket.tokens)} tokens (want {want})")
         del self._tickets[ticket.id]
@@ -390,5 +401,5 @@ class RetainedStore:
                 raise IntegrityError(f"retained state {s.id} in {s.tier} holds no image slot on a hybrid model")
             if s.tier == DISK and s.slot is not None:
                 raise IntegrityError(f"retained state {s.id} on KV-disk still holds an image slot")
-            if s.tier == DEVICE and len(s.pages) != -(-s.n_tokens // self.page_tokens):
+            if s.tier == DEVICE and len(s.pages) != self.state_pages(s.n_tokens):
                 raise IntegrityError(f"retained state {s.id}: {len(s.pages)} pages for {s.n_tokens} tokens")

@@ -41,12 +41,15 @@ def default_floor(prefill_tok_s: float, bytes_per_token: int, cost: TierCost) ->
     return max(1, math.ceil(prefill_tok_s * seconds))
 
 
-def disk_record(state, page_tokens: int, page_bytes: int, image_layout: tuple, with_image: bool) -> DiskRecord:
-    """The DiskRecord of retained state `state` (its KV-disk file's header; its key names the file)."""
+def disk_record(state, page_tokens: int, page_bytes: int, image_layout: tuple, with_image: bool,
+                n_pages: int | None = None) -> DiskRecord:
+    """The DiskRecord of retained state `state` (its KV-disk file's header; its key names the file). n_pages: the
+    pages its payload holds (None: pages_for(n_tokens); the store's state_pages under a format that keeps fewer)."""
     st = state.stamp
     return DiskRecord(state.kind, tuple(state.tokens), tuple(state.image_spans), state.priority, state.after_user,
                       st.structural_hash, st.kv_format, st.drafter, page_tokens, page_bytes,
-                      -(-state.n_tokens // page_tokens), image_layout if with_image else ())
+                      -(-state.n_tokens // page_tokens) if n_pages is None else n_pages,
+                      image_layout if with_image else ())
 
 
 class Tiers:
@@ -146,7 +149,7 @@ class Tiers:
         what it held at once. Whether it moved (False: no KV-disk or no room under the ceiling)."""
         if self.disk_capacity <= 0 or s.tier == DISK:
             return False
-        n_pages = -(-s.n_tokens // mgr.page_tokens)
+        n_pages = mgr.retained.state_pages(s.n_tokens)
         with_image = s.slot is not None
         if with_image != (self.image_bytes > 0):
             return False                     # a hybrid's state without its image cannot be restored from disk
@@ -168,7 +171,7 @@ class Tiers:
             self.moves.append(TierMove(MOVE_TO_BYTES, s.id, src_offset=off, nbytes=nbytes, image_slot=image))
             self.arena.free(off)
         store.release_slot(s)
-        key = disk_record(s, self.page_tokens, self.page_bytes, self.image_layout, with_image).key
+        key = disk_record(s, self.page_tokens, self.page_bytes, self.image_layout, with_image, n_pages).key
         s.placement = Placement(DISK, disk_file=key, disk_bytes=payload + self.header_bytes, in_flight=True)
         self.disk_used += s.placement.disk_bytes
         self.counts["demotions_disk"] += 1

@@ -183,7 +183,8 @@ class ForwardContext:
     batch: the ForwardBatch. cos, sin: fp32 [T', 1, rotary_dim] rotary tables of the rows' positions (T' >= T rows,
     padding included). attn: the AttentionPlan. gdn: the GDNPlan, None on a model without GDN layers.
     kv: the KV store (PagedKV protocol). states: the per-slot state store (GDN layers read its "recurrent" and
-    "conv" buffers), None on a model without GDN layers.
+    "conv" buffers; attention layers its "kv_window" / "kv_sinks" under a format with an exact window), None when
+    neither the model nor the format keeps per-sequence state.
     """
 
     batch: ForwardBatch

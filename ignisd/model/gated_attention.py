@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ignisd.model.attention import paged_attend
+from ignisd.model.attention import store_and_attend
 from ignisd.model.batch import ForwardContext
 from ignisd.model.layers import apply_rope, linear_t, zero_centred_norm_weight
 
@@ -52,8 +52,8 @@ class GatedAttention:
     def __call__(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """x: [T', Hd] normed hidden states (T' >= T = ctx.batch.num_tokens; rows past T are padding, output zero);
         ctx.cos, ctx.sin: [T', 1, rotary_dim] rotary tables of the positions. Writes this layer's K/V of the T
-        tokens to ctx.kv at batch.slot_mapping and returns [T', Hd]."""
-        batch, cos, sin, kv = ctx.batch, ctx.cos, ctx.sin, ctx.kv
+        tokens to ctx.kv (store_and_attend) and returns [T', Hd]."""
+        batch, cos, sin = ctx.batch, ctx.cos, ctx.sin
         t_all, t = x.shape[0], batch.num_tokens
         qd, kd = self.q_dim, self.kv_dim
         p = linear_t(x, self.w_t)[:t]
@@ -68,8 +68,7 @@ class GatedAttention:
         q, k = qk[:, :self.hq], qk[:, self.hq:]
         v = p[:, qd + kd:qd + 2 * kd].reshape(t, self.hkv, self.d)
         gate = p[:, qd + 2 * kd:]
-        kv.write(self.kv_layer, batch.slot_mapping, k, v)
-        out = paged_attend(q, kv, self.kv_layer, ctx.attn, t_all).reshape(t_all, qd)
+        out = store_and_attend(q, k, v, ctx, self.kv_layer, t_all).reshape(t_all, qd)
         if t_all == t:
             out = out * torch.sigmoid(gate)
         else:

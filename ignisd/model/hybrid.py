@@ -126,6 +126,17 @@ def _fits(states: SlotStates | None, shapes: dict[str, tuple[int, ...]]) -> bool
         return False
 
 
+def _has(states, name: str) -> bool:
+    """Whether `states` (a state store or None) holds buffer `name`."""
+    if states is None:
+        return False
+    try:
+        states.buffer(name)
+    except KeyError:
+        return False
+    return True
+
+
 class Decoder:
     """The decoder of every supported family (spec.arch: llama, qwen3_5, qwen3_next).
 
@@ -200,10 +211,12 @@ class Decoder:
         batch: ForwardBatch (prefill chunks and decode tokens of several sequences mixed); the slots of
         batch.slot_mapping must belong to the sequences (the caller's page allocation); on a model with GDN layers
         each chunk carries its sequence's state_slot, distinct within the batch.
-        kv: the KV store of this model's geometry (PagedKV; fp32 or bf16 dense pages, attention upcasts to fp32).
-        states: the state store (required when the model has GDN layers; its "recurrent" and "conv" buffers as
-        spec.state_buffers() lists them): each sequence's slot holds its state at position `start` on entry (zeros
-        at start 0 — the caller zeroes; forward never does) and at start + n on return. Unused otherwise.
+        kv: the KV store of this model's geometry (PagedKV; fp32 or bf16 dense pages, attention upcasts to fp32;
+        or hq-e8-2b pages, whose exact window lives in the state store).
+        states: the state store (required when the model has GDN layers — its "recurrent" and "conv" buffers as
+        spec.state_buffers() lists them — or the KV format keeps an exact window — "kv_window", "kv_sinks"): each
+        sequence's slot holds its state at position `start` on entry (zeros at start 0 — the caller zeroes; forward
+        never does) and at start + n on return. Unused otherwise.
         Returns float32 logits [N, vocab] for the rows batch.logits_index, in chunk order (N may be 0).
         Raises ValueError for a KV or state store of another model, or a chunk without a state slot.
         """
@@ -217,6 +230,9 @@ class Decoder:
                 raise ValueError("a hybrid model's forward needs the state store (StateStore) of this model's "
                                  "state_buffers()")
             gplan = GDNPlan.from_batch(batch)
+        if getattr(kv, "exact_window_pages", None) is not None and not _has(states, "kv_window"):
+            raise ValueError(f"KV format {getattr(kv, 'kv_format', '?')!r} keeps an exact window: the forward needs "
+                             f"the state store holding its \"kv_window\" buffer")
         x, positions = embed_rows(batch, self.embed, self.batch_invariant)
         cos, sin = self.rotary.tables(positions, max(c - 1 for c in batch.context_lens))
         ctx = ForwardContext(batch, cos, sin, AttentionPlan.from_batch(batch), gplan, kv, states)

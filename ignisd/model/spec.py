@@ -26,7 +26,7 @@ from ignisd.buffers import BufferSpec
 SUPPORTED_ARCHS = ("llama", "qwen3_5", "qwen3_next")
 HYBRID_ARCHS = ("qwen3_5", "qwen3_next")
 LAYER_TYPES = ("full_attention", "linear_attention")
-KV_FORMAT_ACT_BYTES = {"fp32": 4, "bf16": 2}
+KV_FORMAT_ACT_BYTES = {"fp32": 4, "bf16": 2, "hq-e8-2b": 4}
 """The KV formats state_bytes accepts (the names of cache.kv_format.KV_FORMATS; a test keeps them equal) and the
 activation element size that goes with each."""
 # HF `architectures` / `model_type` values accepted as llama, and those of the hybrids.

@@ -1,32 +1,41 @@
 """Paged attention dispatcher (DESIGN §3 kernels/): checks arguments, then runs the implementation for the KV
-format and device. Only the pure-torch reference of the dense format exists so far (it runs on CPU and, through
-torch SDPA, on CUDA); Triton and hq-e8-2b kernels plug in here later under their own view tags.
+format (the view's tag) and device. "dense" (fp32, bf16 pages): the pure-torch reference (CPU and, through torch
+SDPA, CUDA). "hq-e8-2b" (HQ_E8_2B.md §4): the torch reference hq_reference.py on the CPU, the Triton kernels of
+hq_triton.py on CUDA (or anywhere with IGNIS_HQ_ATTENTION=triton, e.g. under TRITON_INTERPRET=1 in the tests);
+"hq-sim": the same reference over decoded vectors of another quantizer (the research baselines of
+tools/bench_kvformat.py).
 
 The protocol between a KV store and the attention layers is defined here, on the model/kernel side, so that the
 storage (ignisd.cache.kv_store) and the layers (ignisd.model) never import each other:
 - `PagedView`: one attention layer's pages, tagged with the format's dispatch tag ("dense": buffers "k" and "v",
-  each [P, page_tokens, Hkv, d] in the storage dtype, fp32 or bf16);
+  each [P, page_tokens, Hkv, d] in the storage dtype, fp32 or bf16; "hq-e8-2b": see hq_reference.py);
+- `ExactSpan` / `ExactRing` (exact.py): the exact window and sinks a compressed format's attention reads;
 - `PagedKV`: what an attention layer may call on a KV store (write its new keys/values, get its layer's view).
 A page table lists one sequence's pages in position order (position p: page_table[p // page_tokens], offset
 p % page_tokens).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
-from ignis_kernels.attention import reference
+from ignis_kernels.attention import hq_reference, reference
+from ignis_kernels.attention.exact import ExactRing, ExactSpan, encoded_pages, window_start
 
-__all__ = ["PagedView", "PagedKV", "VIEW_TAGS", "paged_attention", "paged_decode_attention", "causal_mask",
-           "gather_pages"]
+__all__ = ["PagedView", "PagedKV", "VIEW_TAGS", "COMPRESSED_TAGS", "ExactSpan", "ExactRing", "encoded_pages",
+           "window_start", "paged_attention", "paged_decode_attention", "causal_mask", "gather_pages",
+           "hq_backend"]
 
 causal_mask = reference.causal_mask
 gather_pages = reference.gather_pages
 
-VIEW_TAGS = ("dense",)
+VIEW_TAGS = ("dense", "hq-e8-2b", "hq-sim")
 """The view tags this build has kernels for."""
+COMPRESSED_TAGS = ("hq-e8-2b", "hq-sim")
+"""Tags whose attention also reads an exact window (ExactSpan / ExactRing)."""
 
 
 @dataclass(frozen=True)
@@ -35,21 +44,27 @@ class PagedView:
 
     tag: the KV format's dispatch tag (one of VIEW_TAGS to be readable here). buffers: the format's page buffers
     by name, each [P, page_tokens, *per-token shape] in its storage dtype; "dense": "k" and "v", each
-    [P, page_tokens, Hkv, d] (fp32 or bf16, upcast on read). page_tokens: tokens per page.
+    [P, page_tokens, Hkv, d] (fp32 or bf16, upcast on read). page_tokens: tokens per page. params: per-layer
+    constants of the format ("hq-e8-2b": "signs" float32 [2, Hkv, d]); empty for dense.
     """
 
     tag: str
     buffers: dict[str, torch.Tensor]
     page_tokens: int
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class PagedKV(Protocol):
     """What the attention layers of a model may call on a KV store (ignisd.cache.kv_store.KVStore is one).
 
-    n_attention_layers: layers the store holds (the decoder checks it against its spec).
+    n_attention_layers: layers the store holds (the decoder checks it against its spec). exact_window_pages: None
+    for a format that keeps no exact window (dense: attention layers call `write`); an int Wp for one that does
+    (hq-e8-2b: the layers call the store's `write_exact` with the per-sequence state instead, which returns the
+    ExactSpan / ExactRing attention reads).
     """
 
     n_attention_layers: int
+    exact_window_pages: int | None
 
     def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the keys/values of T tokens of attention layer `layer` (index among the attention layers) at
@@ -61,10 +76,22 @@ class PagedKV(Protocol):
         ...
 
 
+def hq_backend(device: torch.device) -> str:
+    """Which implementation reads hq-e8-2b pages: "triton" on CUDA (when Triton imports) or when
+    IGNIS_HQ_ATTENTION=triton, "reference" otherwise (the CPU path)."""
+    want = os.environ.get("IGNIS_HQ_ATTENTION", "")
+    if want in ("reference", "triton"):
+        return want
+    if device.type == "cuda":
+        from ignis_kernels.attention import hq_triton
+        return "triton" if hq_triton.AVAILABLE else "reference"
+    return "reference"
+
+
 def _dense(name: str, q: torch.Tensor, view: PagedView) -> tuple[torch.Tensor, torch.Tensor]:
     """The k, v pages of a dense view, checked against q [*, Hq, d]. Raises ValueError on an unknown tag or
     inconsistent shapes."""
-    if view.tag != "dense":
+    if view.tag not in VIEW_TAGS:
         raise ValueError(f"{name}: no kernel for KV view tag {view.tag!r}; known: {', '.join(VIEW_TAGS)}")
     k_pages, v_pages = view.buffers["k"], view.buffers["v"]
     if q.dim() != 3 or k_pages.dim() != 4 or v_pages.shape != k_pages.shape or k_pages.shape[1] != view.page_tokens:
@@ -75,30 +102,64 @@ def _dense(name: str, q: torch.Tensor, view: PagedView) -> tuple[torch.Tensor, t
     return k_pages, v_pages
 
 
+def _check_hq(name: str, q: torch.Tensor, view: PagedView, exact, want) -> None:
+    """An hq view against q [*, Hq, d] and its exact part. Raises ValueError."""
+    signs = view.params.get("signs")
+    if not isinstance(exact, want):
+        raise ValueError(f"{name}: KV view {view.tag!r} needs exact= a {want.__name__}, got {type(exact).__name__}")
+    if signs is None or signs.dim() != 3 or q.dim() != 3 or q.shape[1] % signs.shape[1] or q.shape[2] != signs.shape[2]:
+        raise ValueError(f"{name}: q {tuple(q.shape)} against signs {None if signs is None else tuple(signs.shape)}")
+    if exact.k.shape[-2:] != signs.shape[1:] or exact.v.shape != exact.k.shape:
+        raise ValueError(f"{name}: exact k {tuple(exact.k.shape)} v {tuple(exact.v.shape)} vs heads/dim "
+                         f"{tuple(signs.shape[1:])}")
+
+
 def paged_attention(q: torch.Tensor, view: PagedView, page_table: torch.Tensor, start: int,
-                    scale: float | None = None) -> torch.Tensor:
-    """Causal attention of n new queries of one sequence over its paged context; see reference.paged_attention.
+                    scale: float | None = None, exact: ExactSpan | None = None) -> torch.Tensor:
+    """Causal attention of n new queries of one sequence over its paged context; see reference.paged_attention
+    (dense) and hq_reference.hq_paged_attention (hq-e8-2b, hq-sim).
 
     q: [n, Hq, d] at positions start .. start+n-1; view: the layer's PagedView (the n new keys/values already
-    written); page_table: LongTensor [>= ceil((start+n)/page_tokens)]. scale: default 1/sqrt(d).
-    Returns [n, Hq, d] (q's dtype). Raises ValueError for a view tag without a kernel or inconsistent shapes
-    (heads not a multiple, head_dim mismatch, too few pages).
+    written; hq: every page encoded at context start+n); page_table: LongTensor [>= ceil((start+n)/page_tokens)].
+    scale: default 1/sqrt(d). exact: the chunk's ExactSpan (required for hq views, ignored for dense).
+    Returns [n, Hq, d] (q's dtype for dense, float32 for hq). Raises ValueError for a view tag without a kernel or
+    inconsistent shapes (heads not a multiple, head_dim mismatch, too few pages, a missing exact part).
     """
-    k_pages, v_pages = _dense("paged_attention", q, view)
     if page_table.dim() != 1 or page_table.shape[0] * view.page_tokens < start + q.shape[0] or start < 0:
         raise ValueError(f"paged_attention: {page_table.shape[0]} pages for start {start} + {q.shape[0]} queries")
+    if view.tag in COMPRESSED_TAGS:
+        _check_hq("paged_attention", q, view, exact, ExactSpan)
+        if exact.first + exact.k.shape[0] != start + q.shape[0] or \
+                exact.first > window_start(start, exact.window_pages, view.page_tokens):
+            raise ValueError(f"paged_attention: exact span [{exact.first}, {exact.first + exact.k.shape[0]}) does "
+                             f"not cover the window of queries {start} .. {start + q.shape[0] - 1}")
+        if view.tag == "hq-e8-2b" and hq_backend(q.device) == "triton":
+            from ignis_kernels.attention import hq_triton
+            return hq_triton.hq_paged_attention(q, view, page_table, start, exact, scale)
+        return hq_reference.hq_paged_attention(q, view, page_table, start, exact, scale)
+    k_pages, v_pages = _dense("paged_attention", q, view)
     return reference.paged_attention(q, k_pages, v_pages, page_table, start, scale)
 
 
 def paged_decode_attention(q: torch.Tensor, view: PagedView, page_table: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float | None = None) -> torch.Tensor:
-    """Batched single-query attention of B sequences; see reference.paged_decode_attention.
+                           scale: float | None = None, exact: ExactRing | None = None) -> torch.Tensor:
+    """Batched single-query attention of B sequences; see reference.paged_decode_attention (dense) and
+    hq_reference.hq_paged_decode_attention (hq-e8-2b, hq-sim).
 
     q: [B, Hq, d]; view: the layer's PagedView; page_table: LongTensor [B, W] (padded with any valid page);
-    context_lens: LongTensor [B], 1 <= context_lens <= W * page_tokens. Returns [B, Hq, d].
-    Raises ValueError for a view tag without a kernel or inconsistent shapes.
+    context_lens: LongTensor [B], 1 <= context_lens <= W * page_tokens. exact: the batch's ExactRing (hq views).
+    Returns [B, Hq, d]. Raises ValueError for a view tag without a kernel or inconsistent shapes.
     """
-    k_pages, v_pages = _dense("paged_decode_attention", q, view)
     if page_table.dim() != 2 or page_table.shape[0] != q.shape[0] or context_lens.shape != (q.shape[0],):
         raise ValueError("paged_decode_attention: page_table [B, W] and context_lens [B] must match q's B")
+    if view.tag in COMPRESSED_TAGS:
+        _check_hq("paged_decode_attention", q, view, exact, ExactRing)
+        if exact.k.shape[0] != q.shape[0] or exact.k.shape[1] != (exact.window_pages + 1) * view.page_tokens:
+            raise ValueError(f"paged_decode_attention: ring {tuple(exact.k.shape)} for {q.shape[0]} rows and "
+                             f"{exact.window_pages} window pages")
+        if view.tag == "hq-e8-2b" and hq_backend(q.device) == "triton":
+            from ignis_kernels.attention import hq_triton
+            return hq_triton.hq_paged_decode_attention(q, view, page_table, context_lens, exact, scale)
+        return hq_reference.hq_paged_decode_attention(q, view, page_table, context_lens, exact, scale)
+    k_pages, v_pages = _dense("paged_decode_attention", q, view)
     return reference.paged_decode_attention(q, k_pages, v_pages, page_table, context_lens, scale)

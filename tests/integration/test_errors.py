@@ -226,7 +226,7 @@ def test_sigterm_mid_stream_ends_requests_cleanly(start_daemon, tiny_llama_dir):
 
 @pytest.mark.parametrize("args,code,needle", [
     (["--model", "/nonexistent/model.gguf"], 1, "model.path /nonexistent/model.gguf"),
-    (["--model-kv-format", "hq-e8-2b"], 2, "hq-e8-2b"),
+    (["--model-kv-format", "q4_0"], 2, "model.kv_format"),
     (["--server-socket-group", "no-such-group-xyz"], 2, "server.socket_group"),
 ])
 def test_startup_errors_are_one_clean_line(args, code, needle, tmp_path):

@@ -139,8 +139,10 @@ def test_state_bytes_formats_are_the_kv_formats():
     assert set(KV_FORMAT_ACT_BYTES) == set(KV_FORMATS)
     for name, fmt in KV_FORMATS.items():
         assert KV_FORMAT_ACT_BYTES[name] == DTYPE_BYTES[fmt.dtype]
+    spec = ModelSpec.from_hf_config(QWEN3_NEXT_80B, "x")
+    assert spec.state_bytes("hq-e8-2b") == spec.state_bytes("fp32")      # the window is the format's, not here
     with pytest.raises(ValueError, match="allowed"):
-        ModelSpec.from_hf_config(QWEN3_NEXT_80B, "x").state_bytes("hq-e8-2b")
+        spec.state_bytes("q4_0")
 
 
 def _tiny_spec() -> ModelSpec:

@@ -29,9 +29,10 @@ def test_dense_formats_sizes():
     assert fp32.seq_state_buffers(GEOM) == [] == bf16.seq_state_buffers(GEOM)
     assert fp32.bytes_per_token(GEOM) == 3 * 2 * (2 * 8 * 4) == 384
     assert bf16.bytes_per_token(GEOM) == 192 and bf16.page_bytes(GEOM, 64) == 64 * 192
-    assert set(KV_FORMATS) == {"fp32", "bf16"}
-    with pytest.raises(ValueError, match="allowed: fp32, bf16"):
-        get_kv_format("hq-e8-2b")
+    assert set(KV_FORMATS) == {"fp32", "bf16", "hq-e8-2b"}
+    with pytest.raises(ValueError, match="allowed: fp32, bf16, hq-e8-2b"):
+        get_kv_format("q4_0")
+    assert fp32.retained_pages(130, 64) == (2, True) and fp32.exact_window_pages is None and fp32.stamp == "fp32"
 
 
 def test_geometry_is_duck_typed(tiny_ours):

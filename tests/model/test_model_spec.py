@@ -127,8 +127,8 @@ def test_kv_store(smollm_spec):
     assert torch.equal(kv.gather(4, torch.tensor([128, 129]))[0], kv.gather(4, torch.tensor([64, 65]))[0])
     kp = kv.view(4).buffers["k"]
     assert kp.shape == (3, 64, 3, 64) and torch.equal(kp[0, 7].float(), k[0]) and torch.equal(kp[1, 1].float(), k[2])
-    with pytest.raises(ValueError):
-        KVStore(get_kv_format("hq-e8-2b"), smollm_spec, 2)
+    hq = KVStore(get_kv_format("hq-e8-2b"), smollm_spec, 2)
+    assert hq.page_bytes == 64 * 4320 and hq.buffer_names == ["codes", "scale", "resid", "norm"]
 
 
 def test_load_errors(tmp_path):

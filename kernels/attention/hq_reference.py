@@ -1,0 +1,177 @@
+"""Attention over hq-e8-2b pages in pure torch (HQ_E8_2B.md §4): the specification and the CPU path.
+
+Page buffers of an "hq-e8-2b" PagedView (one attention layer; [P, pt, 2, Hkv, ...], index 0 keys, 1 values):
+codes int16 [.., d/8], scale float32, resid float16, norm float16; params["signs"]: float32 [2, Hkv, d] (±1, the
+rotation of §2.1). A research view ("hq-sim", tools/bench_kvformat.py) has uhat float32 [.., d] (the decoded rotated
+vector of any quantizer) and resid float32 instead of codes and scale.
+
+Everything happens in the rotated domain (§4.1-§4.2), query head h reading KV head h // g (GQA):
+    q̃ = H·(s_K ⊙ q)/√d                                   rotate each query once
+    z_t = τ·ŝ_t·(q̃·c_t) − ½·τ²·‖q‖²·resid_t²/d            compressed key t (logit-variance correction, §4.1)
+    z_t = τ·(q̃·u_t)                                       exact key t (window or sink, rotated)
+    õ = Σ_t p_t·(ŝ_t c_t or u_t);  o = s_V ⊙ H·õ/√d       values accumulated rotated, un-rotated once (§4.2)
+with p = softmax(z) over the causal context and the window rule of exact.py choosing, per (query, key), the exact
+or the compressed copy. τ = the softmax scale (default 1/√d). The compressed context is read page block by page
+block (online softmax, Milakov & Gimelshein 2018): no decoded copy of the whole context is ever held.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ignis_kernels.attention.exact import ExactRing, ExactSpan, encoded_pages
+from ignis_kernels.kvq.reference import codewords
+from ignis_kernels.kvq.rotation import fwht
+
+BLOCK_PAGES = 16
+"""Compressed pages decoded per step (1,024 tokens at 64 a page)."""
+
+
+def rotate_queries(q: torch.Tensor, signs_k: torch.Tensor) -> torch.Tensor:
+    """q̃ of queries q [..., Hq, d] with the key signs [Hkv, d] of their KV heads (head h: KV head h // g).
+    Returns float32 [..., Hkv, g, d]."""
+    hkv, d = signs_k.shape
+    qg = q.float().reshape(*q.shape[:-2], hkv, q.shape[-2] // hkv, d)
+    return fwht(qg * signs_k[:, None, :]) * (1.0 / math.sqrt(d))
+
+
+def unrotate_output(o: torch.Tensor, signs_v: torch.Tensor) -> torch.Tensor:
+    """o = s_V ⊙ H·õ/√d for õ [..., Hkv, g, d] (rotated V domain) -> float32 [..., Hkv·g, d]."""
+    d = o.shape[-1]
+    out = fwht(o) * (1.0 / math.sqrt(d)) * signs_v[:, None, :]
+    return out.reshape(*o.shape[:-3], o.shape[-3] * o.shape[-2], d)
+
+
+def decode_pages(view, pages: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The keys and values of `pages` (LongTensor [..., n]) of an hq view, rotated and not yet scaled:
+    (ck, sk, rk, cv, sv) with c float32 [..., n·pt, Hkv, d] (codewords, or uhat for "hq-sim"), s float32
+    [..., n·pt, Hkv] (scale; 1 for "hq-sim") and rk float32 [..., n·pt, Hkv] (the keys' resid)."""
+    b = view.buffers
+    lead = pages.shape
+    flat = pages.reshape(-1)
+
+    def take(name):
+        t = b[name].index_select(0, flat)                     # [N, pt, 2, Hkv, ...]
+        return t.reshape(*lead[:-1], lead[-1] * t.shape[1], *t.shape[2:])
+
+    resid = take("resid").float()
+    if "uhat" in b:
+        u = take("uhat").float()
+        ones = torch.ones_like(resid[..., 0, :])
+        return u[..., 0, :, :], ones, resid[..., 0, :], u[..., 1, :, :], ones
+    codes, scale = take("codes"), take("scale").float()
+    return (codewords(codes[..., 0, :, :]), scale[..., 0, :], resid[..., 0, :], codewords(codes[..., 1, :, :]),
+            scale[..., 1, :])
+
+
+class _Online:
+    """Running softmax state over key groups: max m, denominator l [*, n], rotated accumulator acc [*, n, d]."""
+
+    def __init__(self, shape: tuple[int, ...], d: int, device) -> None:
+        self.m = torch.full(shape, -math.inf, device=device)
+        self.l = torch.zeros(shape, device=device)
+        self.acc = torch.zeros(*shape, d, device=device)
+
+    def add(self, z: torch.Tensor, weighted_values) -> None:
+        """z: masked scores [*, m] (−inf: not read); weighted_values(p) -> Σ_t p_t·value_t [*, d]."""
+        m_new = torch.maximum(self.m, z.amax(-1))
+        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp(self.m - safe)
+        p = torch.exp(z - safe[..., None])
+        self.l = self.l * alpha + p.sum(-1)
+        self.acc = self.acc * alpha[..., None] + weighted_values(p)
+        self.m = m_new
+
+    def result(self) -> torch.Tensor:
+        return self.acc / self.l[..., None]
+
+
+def _view_parts(view, q: torch.Tensor) -> tuple[int, int, int, torch.Tensor]:
+    signs = view.params["signs"]
+    hkv, d = signs.shape[1], signs.shape[2]
+    return hkv, q.shape[-2] // hkv, d, signs
+
+
+def hq_paged_attention(q: torch.Tensor, view, page_table: torch.Tensor, start: int, exact: ExactSpan,
+                       scale: float | None = None) -> torch.Tensor:
+    """Causal attention of one sequence's n new queries over its hq-e8-2b context.
+
+    q: [n, Hq, d] (positions start .. start+n−1). view: the layer's hq PagedView, holding every page encoded at
+    context start+n (pages [0, encoded_pages(start+n))). page_table: LongTensor [>= encoded pages]. exact: the
+    chunk's ExactSpan (positions [exact.first, start+n) and the sinks). Returns float32 [n, Hq, d]."""
+    n = q.shape[0]
+    hkv, g, d, signs = _view_parts(view, q)
+    tau = 1.0 / math.sqrt(d) if scale is None else scale
+    wp, pt, sinks = exact.window_pages, view.page_tokens, exact.sinks
+    ctx = start + n
+    qt = rotate_queries(q, signs[0]).permute(1, 2, 0, 3)           # [Hkv, g, n, d]
+    qn2 = (q.float() ** 2).sum(-1).view(n, hkv, g).permute(1, 2, 0)  # [Hkv, g, n]
+    ppos = torch.arange(start, ctx, device=q.device)
+    wlo = torch.clamp(ppos // pt - wp, min=0) * pt                  # [n] first exact position per query
+    st = _Online((hkv, g, n), d, q.device)
+    n_enc = encoded_pages(ctx, wp, pt)
+    for p0 in range(0, n_enc, BLOCK_PAGES):
+        pages = page_table[p0:min(n_enc, p0 + BLOCK_PAGES)]
+        ck, sk, rk, cv, sv = decode_pages(view, pages)
+        jpos = p0 * pt + torch.arange(ck.shape[0], device=q.device)
+        keep = (jpos[None, :] <= ppos[:, None]) & (jpos[None, :] >= sinks) & (jpos[None, :] < wlo[:, None])
+        z = tau * torch.einsum("hgnd,mhd->hgnm", qt, ck) * sk.t()[:, None, None, :]
+        z = z - 0.5 * tau * tau * qn2[..., None] * (rk.t() ** 2)[:, None, None, :] / d
+        z = z.masked_fill(~keep, -math.inf)
+        st.add(z, lambda p, sv=sv, cv=cv: torch.einsum("hgnm,mhd->hgnd", p * sv.t()[:, None, None, :], cv))
+    jpos = exact.first + torch.arange(exact.k.shape[0], device=q.device)
+    keep = (jpos[None, :] <= ppos[:, None]) & (jpos[None, :] >= sinks) & (jpos[None, :] >= wlo[:, None])
+    z = (tau * torch.einsum("hgnd,mhd->hgnm", qt, exact.k.float())).masked_fill(~keep, -math.inf)
+    st.add(z, lambda p: torch.einsum("hgnm,mhd->hgnd", p, exact.v.float()))
+    if exact.sink_k.shape[0]:
+        jpos = torch.arange(exact.sink_k.shape[0], device=q.device)
+        z = tau * torch.einsum("hgnd,mhd->hgnm", qt, exact.sink_k.float())
+        z = z.masked_fill(~(jpos[None, :] <= ppos[:, None]), -math.inf)
+        st.add(z, lambda p: torch.einsum("hgnm,mhd->hgnd", p, exact.sink_v.float()))
+    o = st.result().permute(2, 0, 1, 3)                              # [n, Hkv, g, d]
+    return unrotate_output(o, signs[1])
+
+
+def hq_paged_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, context_lens: torch.Tensor,
+                              exact: ExactRing, scale: float | None = None) -> torch.Tensor:
+    """One new query per sequence for B sequences over hq-e8-2b pages.
+
+    q: [B, Hq, d], row b at position context_lens[b] − 1. page_table: LongTensor [B, W] (padding: any valid page).
+    exact: the batch's ExactRing (rings and sinks after this step's write). Returns float32 [B, Hq, d]."""
+    b = q.shape[0]
+    hkv, g, d, signs = _view_parts(view, q)
+    tau = 1.0 / math.sqrt(d) if scale is None else scale
+    wp, pt = exact.window_pages, view.page_tokens
+    sinks = exact.sink_k.shape[1]
+    pos = context_lens - 1                                            # [B]
+    wlo = torch.clamp(pos // pt - wp, min=0) * pt                     # [B]
+    n_enc = torch.clamp(pos // pt - wp, min=0)                        # encoded pages per row
+    qt = rotate_queries(q, signs[0])                                  # [B, Hkv, g, d]
+    qn2 = (q.float() ** 2).sum(-1).view(b, hkv, g)
+    st = _Online((b, hkv, g), d, q.device)
+    most = int(n_enc.max()) if b else 0
+    for p0 in range(0, most, BLOCK_PAGES):
+        pages = page_table[:, p0:min(most, p0 + BLOCK_PAGES)]
+        ck, sk, rk, cv, sv = decode_pages(view, pages)                # [B, m, Hkv, d], [B, m, Hkv]
+        jpos = p0 * pt + torch.arange(ck.shape[1], device=q.device)
+        keep = (jpos[None, :] >= sinks) & (jpos[None, :] < wlo[:, None])
+        z = tau * torch.einsum("bhgd,bmhd->bhgm", qt, ck) * sk.transpose(1, 2)[:, :, None, :]
+        z = z - 0.5 * tau * tau * qn2[..., None] * (rk.transpose(1, 2) ** 2)[:, :, None, :] / d
+        z = z.masked_fill(~keep[:, None, None, :], -math.inf)
+        st.add(z, lambda p, sv=sv, cv=cv: torch.einsum("bhgm,bmhd->bhgd", p * sv.transpose(1, 2)[:, :, None, :],
+                                                         cv))
+    ring = exact.k.shape[1]
+    r = torch.arange(ring, device=q.device)
+    rpos = pos[:, None] - torch.remainder(pos[:, None] - r[None, :], ring)   # [B, R] position held by slot r
+    keep = (rpos >= wlo[:, None]) & (rpos >= sinks) & (rpos >= 0)
+    z = tau * torch.einsum("bhgd,bmhd->bhgm", qt, exact.k.float())
+    st.add(z.masked_fill(~keep[:, None, None, :], -math.inf),
+           lambda p: torch.einsum("bhgm,bmhd->bhgd", p, exact.v.float()))
+    if sinks:
+        keep = torch.arange(sinks, device=q.device)[None, :] <= pos[:, None]
+        z = tau * torch.einsum("bhgd,bmhd->bhgm", qt, exact.sink_k.float())
+        st.add(z.masked_fill(~keep[:, None, None, :], -math.inf),
+               lambda p: torch.einsum("bhgm,bmhd->bhgd", p, exact.sink_v.float()))
+    return unrotate_output(st.result(), signs[1])
+

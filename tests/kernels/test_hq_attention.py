@@ -1,0 +1,118 @@
+"""Attention over hq-e8-2b pages (ignis_kernels.attention, tag "hq-e8-2b") with the exact window and sinks of
+KVStore.write_exact, against a float64 oracle of HQ_E8_2B.md §4 in the original domain (hq_support.oracle): exact
+keys inside the window rule, decoded keys with the logit-variance correction outside it. Awkward cases: chunks that
+start mid-page and cross several pages (so early queries read keys that later queries read compressed), a chunk
+longer than the ring, single decode steps over the window/compressed seam and page starts, GQA fan-out, sinks,
+batched decode of sequences of different lengths on scrambled page tables; chunking invariance of the bytes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ignis_kernels.attention as kattn
+from hq_support import attend, decoded, hq_pool, oracle, write_chunks
+
+torch.set_num_threads(1)
+
+
+def rel(got, ref):
+    return float((got.double() - ref).abs().max() / ref.abs().max())
+
+
+@pytest.mark.parametrize("hq, hkv, d, window, sinks, pieces", [
+    (6, 2, 16, 8, 2, [13, 1, 1, 20, 1, 7, 1, 1, 1]),      # GQA 3, Wp 1, two sinks, mid-page chunks
+    (4, 4, 8, 0, 0, [5, 1, 30, 1, 1]),                     # MHA, Wp 0 (only the current page exact), no sinks
+    (2, 1, 32, 16, 1, [40, 1, 9, 1]),                      # MQA, Wp 2; a 40-token chunk is longer than the ring
+])
+def test_prefill_and_decode_match_the_oracle(hq, hkv, d, window, sinks, pieces):
+    kv, st, fmt = hq_pool(hkv=hkv, d=d, window=window, sinks=sinks)
+    pt, wp = kv.page_tokens, fmt.exact_window_pages
+    g = torch.Generator().manual_seed(hq * 100 + d)
+    ctx = sum(pieces)
+    xk, xv = torch.randn(ctx, hkv, d, generator=g), torch.randn(ctx, hkv, d, generator=g)
+    q = torch.randn(ctx, hq, d, generator=g) * 2
+    pages = torch.randperm(kv.num_pages, generator=g)[:-(-ctx // pt)].tolist()
+    st.zero(1)
+    start = 0
+    for n in pieces:
+        end = start + n
+        plan, spans, ring = write_chunks(kv, st, 0, [(xk[start:end], xv[start:end], start, pages, 1)])
+        got = attend(q[start:end], kv, 0, plan, spans, ring)
+        kh, vh, rk = decoded(kv, 0, pages, end)
+        n_enc = fmt.encoded_pages(end) * pt
+        assert not kh[n_enc:].any()                       # nothing past the window's start is encoded yet
+        want = oracle(q[start:end], xk[:end], xv[:end], kh, vh, rk, start, wp, pt, sinks)
+        assert rel(got, want) < 2e-5, (start, n)
+        start = end
+
+
+def test_batched_decode_of_three_sequences():
+    kv, st, fmt = hq_pool(hkv=2, d=16, window=8, sinks=1)
+    pt, wp = kv.page_tokens, fmt.exact_window_pages
+    g = torch.Generator().manual_seed(4)
+    lens = [3, 17, 31]
+    seqs, pool = [], torch.randperm(kv.num_pages, generator=g).tolist()
+    for i, n in enumerate(lens):
+        total = n + 2
+        pages = [pool.pop() for _ in range(-(-total // pt))]
+        seqs.append((torch.randn(total, 2, 16, generator=g), torch.randn(total, 2, 16, generator=g), pages, i))
+        st.zero(i)
+        k, v, _, _ = seqs[-1]
+        write_chunks(kv, st, 0, [(k[:n], v[:n], 0, pages, i)])
+    for step in range(2):                              # two decode steps of all three at once
+        chunk = [(k[n + step:n + step + 1], v[n + step:n + step + 1], n + step, pages, slot)
+                 for (k, v, pages, slot), n in zip(seqs, lens)]
+        plan, spans, ring = write_chunks(kv, st, 0, chunk)
+        assert not spans and ring is not None and ring.k.shape[:2] == (3, (wp + 1) * pt)
+        q = torch.randn(3, 4, 16, generator=g)
+        got = attend(q, kv, 0, plan, spans, ring)
+        for b, ((k, v, pages, _), n) in enumerate(zip(seqs, lens)):
+            end = n + step + 1
+            kh, vh, rk = decoded(kv, 0, pages, end)
+            want = oracle(q[b:b + 1], k[:end], v[:end], kh, vh, rk, end - 1, wp, pt, 1)
+            assert rel(got[b:b + 1], want) < 2e-5, (b, step)
+
+
+def _write_all(pieces, seed=9):
+    kv, st, fmt = hq_pool(hkv=2, d=16, window=8, sinks=2)
+    g = torch.Generator().manual_seed(seed)
+    ctx = sum(pieces)
+    xk, xv = torch.randn(ctx, 2, 16, generator=g), torch.randn(ctx, 2, 16, generator=g)
+    pages = list(range(-(-ctx // kv.page_tokens)))
+    st.zero(0)
+    start = 0
+    for n in pieces:
+        write_chunks(kv, st, 0, [(xk[start:start + n], xv[start:start + n], start, pages, 0)])
+        start += n
+    return kv, st
+
+
+def test_encoded_bytes_and_window_do_not_depend_on_the_chunking():
+    a_kv, a_st = _write_all([50])
+    b_kv, b_st = _write_all([3, 1, 1, 20, 17, 1, 1, 6])
+    c_kv, c_st = _write_all([1] * 50)
+    for name in a_kv.buffer_names:
+        assert torch.equal(a_kv.buffer(name), b_kv.buffer(name)) and torch.equal(a_kv.buffer(name),
+                                                                                  c_kv.buffer(name)), name
+    for name in ("kv_window", "kv_sinks"):
+        assert torch.equal(a_st.buffer(name), b_st.buffer(name)) and torch.equal(a_st.buffer(name),
+                                                                                  c_st.buffer(name)), name
+
+
+def test_dispatcher_checks_the_exact_part():
+    kv, st, _ = hq_pool()
+    view = kv.view(0)
+    q = torch.zeros(3, 4, 16)
+    with pytest.raises(ValueError, match="ExactSpan"):
+        kattn.paged_attention(q, view, torch.tensor([0]), 0)
+    span = kattn.ExactSpan(torch.zeros(2, 2, 16), torch.zeros(2, 2, 16), 0, torch.zeros(0, 2, 16),
+                           torch.zeros(0, 2, 16), 0, 1)
+    with pytest.raises(ValueError, match="does not cover"):
+        kattn.paged_attention(q, view, torch.tensor([0]), 0, exact=span)
+    with pytest.raises(ValueError, match="ExactRing"):
+        kattn.paged_decode_attention(q[:1], view, torch.zeros(1, 1, dtype=torch.long), torch.tensor([1]),
+                                     exact=span)
+    with pytest.raises(ValueError, match="no exact window"):
+        from ignisd.cache.kv_format import get_kv_format
+        from ignisd.cache.kv_store import KVStore
+        KVStore(get_kv_format("fp32"), kv.geometry, 2).write_exact(0, q, q, None, st)
