@@ -79,13 +79,21 @@ class CancelOp:
 
 @dataclass(frozen=True)
 class TokenizeOp:
-    """``tokenize``: exactly one of text (tokenize as is) or chat (a chat body to render with the template)."""
+    """``tokenize``: exactly one of text (tokenize as is), chat (a chat body to render with the template), or an HTTP
+    front's body: ``api`` (one of ``BODY_APIS``) and ``body`` (the request body as that front takes it; the daemon
+    maps it with the front's own request mapper, so the rendering equals the front's; for ``openai`` ``chat`` is
+    also set)."""
     op: ClassVar[str] = "tokenize"
     id: str
     text: str | None = None
     chat: ChatOp | None = None
     add_generation_prompt: bool = True
     api_key: str | None = None
+    api: str | None = None
+    body: dict | None = None
+
+
+BODY_APIS = ("openai", "anthropic", "responses")   # tokenize's `api`: the HTTP fronts' body shapes
 
 
 @dataclass(frozen=True)
@@ -318,6 +326,19 @@ def _parse_tokenize(rid: str, obj: dict, api_key: str | None) -> TokenizeOp:
     if text is not None and messages is not None:
         raise _bad("text", "give either text or messages (a chat body), not both")
     agp = _opt(obj, "add_generation_prompt", True, _bool)
+    if obj.get("api") is not None:
+        api = _choice(obj["api"], "api", BODY_APIS)
+        if text is not None or messages is not None:
+            raise _bad("api", "give either api + body (an HTTP front's body), or text / messages, not both")
+        body = _obj(obj.get("body"), "body")
+        chat = None
+        if api == "openai":
+            try:
+                chat = _parse_chat(rid, body, api_key)
+            except ProtocolError as e:
+                e.field = f"body.{e.field}" if e.field else "body"
+                raise
+        return TokenizeOp(rid, chat=chat, add_generation_prompt=agp, api_key=api_key, api=api, body=body)
     if text is not None:
         return TokenizeOp(rid, text=_str(text, "text"), add_generation_prompt=agp, api_key=api_key)
     if messages is None:

@@ -383,7 +383,7 @@ def test_result_and_status_skeleton():
     s = P.empty_status()
     assert set(s) == {"model", "lanes", "queue", "kv_pool", "slots", "tiers", "retained", "requests"}
     assert set(s["model"]) == {"name", "arch", "kv_format", "context_tokens", "page_tokens", "page_bytes",
-                               "state_bytes"}
+                               "state_bytes", "prefill_tokens_per_s"}
     assert s["lanes"] == {"total": 0, "prefill": 0, "decode": 0, "evicted": 0}
     assert s["kv_pool"] == {"pages_total": 0, "pages_free": 0, "pages_live": 0, "pages_retained": 0}
     assert s["slots"] == {"device_total": 0, "device_free": 0, "host_total": 0, "host_free": 0}
