@@ -37,20 +37,24 @@ MAX_SKIPS = 64
 
 @dataclass
 class Rendered:
-    """One request rendered by ``tokenize``: tokens, per-token character end offsets (``ends``), text, message spans
-    (``[{"role", "start", "end"}]``) and the chat body the template was given (``{"messages", "tools"}``)."""
+    """One request rendered by ``tokenize``: tokens, per-token ``[start, end)`` character offsets, text, message
+    spans (``[{"role", "start", "end"}]``) and the chat body the template was given (``{"messages", "tools"}``);
+    ``ends`` are the offsets' ends."""
 
     tokens: list[int]
-    ends: list[int]
+    offsets: list[list[int]]
     text: str
     spans: list[dict]
     chat: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        self.ends = [int(o[1]) for o in self.offsets]
+
     @classmethod
     def from_tokenize(cls, result: dict, chat: dict | None = None) -> "Rendered":
         """From a ``tokenize`` result; `chat` defaults to the result's ``chat`` (an HTTP front's body)."""
-        return cls(list(result["tokens"]), [int(o[1]) for o in result["offsets"]], result["text"],
-                   list(result.get("messages") or ()), chat or result.get("chat") or {})
+        return cls(list(result["tokens"]), result["offsets"], result["text"], list(result.get("messages") or ()),
+                   chat or result.get("chat") or {})
 
     def span_end(self, index: int | None) -> int | None:
         """End character of message `index` (None when unknown)."""
@@ -93,6 +97,11 @@ def _canon_message(m) -> str:
     return json.dumps(sort_keys(m), ensure_ascii=False)
 
 
+def _dumps(v) -> str:
+    """Order-sensitive JSON text (dict equality ignores key order; this does not)."""
+    return json.dumps(v, ensure_ascii=False)
+
+
 def _without_reasoning(m):
     return {k: v for k, v in m.items() if k != "reasoning_content"} if isinstance(m, dict) else m
 
@@ -103,7 +112,7 @@ def _tools_cause(ours: Rendered, theirs: Rendered, ca: int, cb: int) -> tuple[st
     in_block = _inside(theirs.text, cb, "<tools>", "</tools>")
     if not in_block and not (to != tt and first_conv is not None and cb < first_conv):
         return None
-    if json.dumps(to) == json.dumps(tt):
+    if _dumps(to) == _dumps(tt):
         return None
     names_o, names_t = [tool_name(t) for t in to], [tool_name(t) for t in tt]
     canon_o = sorted(json.dumps(sort_keys(t)) for t in to)
@@ -130,7 +139,7 @@ def classify(ours: Rendered, theirs: Rendered, ca: int, cb: int) -> tuple[str, i
     ia, _ = message_at(ours.spans, ca)
     ib, role = message_at(theirs.spans, cb)
     mo, mt = _messages(ours), _messages(theirs)
-    if ia is not None and ia == ib and ib < len(mo) and ib < len(mt) and mo[ib] != mt[ib]:
+    if ia is not None and ia == ib and ib < len(mo) and ib < len(mt) and _dumps(mo[ib]) != _dumps(mt[ib]):
         ea, eb = ours.span_end(ia), theirs.span_end(ib)
         if _canon_message(mo[ib]) == _canon_message(mt[ib]):
             return "json_key_order", ea, eb
