@@ -10,8 +10,9 @@ requests before it. Per request (``RequestReport``):
 * ``divergence``: where the texts first differ — ``message_index``, ``role``, ``char_offset`` in this request's
   rendered text, ``token``, and ±40 characters of the earlier (``ours``) and this (``theirs``) request — and
   ``cause`` (``lint_causes.LINT_CAUSES``) with every cause met past it in ``causes``. A divergence at or after the
-  first message the earlier request did not have is ``new`` (cause ``extended``): the session grew, nothing was
-  lost. A byte-stable harness shows only such divergences.
+  first message the earlier request did not have, or where one prompt is a prefix of the other, is ``new`` (cause
+  ``extended``): the session grew (or went back to an earlier turn), nothing was lost. A byte-stable harness shows
+  only such divergences.
 * ``achievable_tokens``: the prefix the request would share with the same earlier request if every volatile span
   (nonce, timestamp, id, counter, whitespace, tool order, JSON key order, reasoning) were byte-stable: the
   comparison resumes past each one and stops at the first real change (an edited message, changed tools), at the
@@ -110,7 +111,8 @@ def _compare(i: int, entry: TraceEntry, theirs: Rendered, earlier: list[tuple[in
         return rep
     rep.divergence = div
     char = div["char_offset"]
-    if char >= theirs.new_from(len(ours.spans)) or ours.text == theirs.text[:len(ours.text)]:
+    shorter = min(len(ours.text), len(theirs.text))
+    if char >= theirs.new_from(len(ours.spans)) or ours.text[:shorter] == theirs.text[:shorter]:
         rep.new, rep.cause, rep.causes = True, "extended", ["extended"]
         return rep
     ex = explain(ours, theirs, char)
