@@ -178,3 +178,39 @@ def test_terminal_colour_only_when_asked_and_json(prompts):
     assert lines[1].startswith("#1 ") and "timestamp at msg 0 system" in lines[1]
     doc = orjson.loads(render_json(rep))
     assert doc["requests"][1]["cause"] == "timestamp" and doc["summary"]["causes"][0]["cause"] == "timestamp"
+
+
+def test_tokenize_op_takes_an_http_front_body():
+    from ignis_client import protocol as P
+    an = body("anthropic", SYSTEM, TOOLS, [USER])
+    op = P.parse_request({"id": "t", "op": "tokenize", "api": "anthropic", "body": an})
+    assert (op.api, op.body, op.chat) == ("anthropic", an, None)
+    op = P.parse_request({"id": "t", "op": "tokenize", "api": "openai", "body": body("openai", SYSTEM, TOOLS, [USER])})
+    assert op.chat.messages[1] == {"role": "user", "content": USER["text"]}
+    for bad, field in [({"api": "gemini", "body": {}}, "api"), ({"api": "responses"}, "body"),
+                       ({"api": "openai", "body": {"messages": [{"role": "wizard", "content": "x"}]}},
+                        "body.messages[0].role"),
+                       ({"api": "openai", "body": {}, "text": "x"}, "api")]:
+        with pytest.raises(P.ProtocolError) as e:
+            P.parse_request({"id": "t", "op": "tokenize", **bad})
+        assert e.value.field == field, bad
+
+
+def test_tokenize_of_each_body_equals_the_fronts_rendering(prompts):
+    """The three shapes of one conversation render the same text (the fronts map them onto the same chat)."""
+    conv = [USER, dict(CALL, reasoning="Read it first."), RESULT]
+    texts = {shape: renderer(prompts)(TraceEntry(1, shape, body(shape, SYSTEM, TOOLS, conv)))["text"]
+             for shape in SHAPES}
+    assert texts["openai"] == texts["anthropic"] == texts["responses"]
+    assert "<tools>" in texts["openai"] and "Read it first." in texts["openai"]
+
+
+def test_an_unopenable_request_log_stops_the_start(tmp_path):
+    from ignisd.config import parse_serve_args
+    from ignisd.daemon import _open_request_log
+    from ignisd.preflight import StartupError
+    cfg = parse_serve_args(["--server-request-log", str(tmp_path / "missing-dir" / "requests.log")])
+    with pytest.raises(StartupError) as e:
+        _open_request_log(cfg)
+    assert e.value.exit_code == 2 and "server.request_log" in str(e.value)
+    assert _open_request_log(parse_serve_args([])) is None
