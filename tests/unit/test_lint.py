@@ -54,6 +54,8 @@ def _cases():
     ts = SYSTEM + " Current date: 2025-03-14 09:12:44."
     uid = SYSTEM + " Session 550e8400-e29b-41d4-a716-446655440000."
     cnt = SYSTEM + " This is request number 41 of the session."
+    hexid = SYSTEM + " Checked out at commit 3f9a2b7c1d0e4f5a6b7c8d9e0f1a2b of main."
+    nonce = SYSTEM + " Request nonce=Xa9bQ2kP for this turn."
     two_spaces = SYSTEM.replace("them, run", "them,  run")
     rev = list(reversed(TOOLS))
     keyed = [(n, d, reordered_keys(p)) for n, d, p in TOOLS]
@@ -64,6 +66,10 @@ def _cases():
          "timestamp", 0),
         ("id", (uid, TOOLS, [USER]), (uid.replace("446655440000", "9c1f0d3a7b22"), TOOLS, grown), 0, "system",
          "id", 0),
+        ("hex_id", (hexid, TOOLS, [USER]), (hexid.replace("9e0f1a2b", "77c3d4e5"), TOOLS, grown), 0, "system", "id",
+         0),
+        ("nonce_value", (nonce, TOOLS, [USER]), (nonce.replace("Xa9bQ2kP", "Lm4nT8vW"), TOOLS, grown), 0, "system",
+         "nonce", 0),
         ("counter", (cnt, TOOLS, [USER]), (cnt.replace("41", "42"), TOOLS, grown), 0, "system", "counter", 0),
         ("nonce", (BILLING.format("5f2a1") + SYSTEM, TOOLS, [USER]), (BILLING.format("9b3e7") + SYSTEM, TOOLS, grown),
          0, "system", "nonce", 0),
@@ -214,3 +220,19 @@ def test_an_unopenable_request_log_stops_the_start(tmp_path):
         _open_request_log(cfg)
     assert e.value.exit_code == 2 and "server.request_log" in str(e.value)
     assert _open_request_log(parse_serve_args([])) is None
+
+
+def test_ignisd_lint_command_colours_only_a_terminal(tmp_path, capsys):
+    from ignisd.cli import main as ignisd_main
+    trace = tmp_path / "trace.jsonl"
+    one = body("openai", SYSTEM + " Current date: 2025-03-14.", TOOLS, [USER])
+    two = body("openai", SYSTEM + " Current date: 2025-03-15.", TOOLS, [USER])
+    trace.write_bytes(orjson.dumps(one) + b"\n" + orjson.dumps(two) + b"\n")
+    base = ["lint", "--model", str(QWEN35_DIR), str(trace), "--prefill-rate", "500"]
+    assert ignisd_main(base) == 0                       # stdout is captured here: not a terminal
+    auto = capsys.readouterr().out
+    assert "\x1b[" not in auto and "timestamp at msg 0 system" in auto and "s at 500 prefill tokens/s" in auto
+    assert ignisd_main(base + ["--color", "always"]) == 0
+    assert "\x1b[31mtimestamp\x1b[0m" in capsys.readouterr().out
+    assert ignisd_main(["lint", "--model", str(tmp_path / "nope"), str(trace)]) == 2
+    assert ignisd_main(["lint", "--model", str(QWEN35_DIR), str(tmp_path / "missing.jsonl")]) == 1
