@@ -236,3 +236,15 @@ def test_ignisd_lint_command_colours_only_a_terminal(tmp_path, capsys):
     assert "\x1b[31mtimestamp\x1b[0m" in capsys.readouterr().out
     assert ignisd_main(["lint", "--model", str(tmp_path / "nope"), str(trace)]) == 2
     assert ignisd_main(["lint", "--model", str(QWEN35_DIR), str(tmp_path / "missing.jsonl")]) == 1
+
+
+def test_lint_imports_without_torch():
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['numpy'] = None\n"
+            "import ignis_client.cli, ignis_client.lint, ignis_client.lint_view, ignis_client.trace\n"
+            "import ignisd.lint, ignisd.request_log, ignisd.fronts.bodies, ignisd.text.tool_canon\n"
+            "bad = [m for m in sys.modules if m.startswith(('torch', 'numpy')) and sys.modules[m] is not None]\n"
+            "assert not bad, bad\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
