@@ -97,16 +97,16 @@ PROMPT = list(range(1000, 1300))                # 300 tokens: publish 128, opene
 
 
 def test_admission_chunking_capture_and_finish_on_exact_ids():
-    engine, runner = make()
+    engine, runner = make(hybrid=True)
 
     async def body(e):
         return await drain(e.submit(req("a", PROMPT, publish=128, opener=250, after_user=True)))
 
     events = run(engine, body)
-    # chunks restart at each cut point: [0,128) in 64s, [128,250) in 64s, then [250,300); at most 256 a round and the
-    # capture chunk is the sequence's last of its round
+    # a hybrid's chunks restart at each cut point: [0,128) in 64s, [128,250) in 64s, then [250,300); at most 256 a
+    # round and the capture chunk is the sequence's last of its round
     assert runner.chunks("a") == [(0, 64), (64, 64), (128, 64), (192, 58), (250, 50), (300, 1), (301, 1)]
-    rounds = [[(it.start, len(it.token_ids), it.capture.kind if it.capture else None) for it in p.items]
+    rounds = [[(it.start, len(it.token_ids), it.captures[0].kind if it.captures else None) for it in p.items]
               for p in runner.plans]
     assert rounds == [[(0, 64, None), (64, 64, "prefix")], [(128, 64, None), (192, 58, "checkpoint")],
                       [(250, 50, None)], [(300, 1, None)], [(301, 1, None)]]
@@ -125,7 +125,7 @@ def test_admission_chunking_capture_and_finish_on_exact_ids():
 
 
 def test_the_next_turn_resumes_at_the_checkpoint():
-    engine, runner = make()
+    engine, runner = make(hybrid=True)
     turn2 = PROMPT[:250] + list(range(5000, 5100))
 
     async def body(e):
@@ -174,7 +174,7 @@ def test_cancel_mid_prefill_and_stop_token():
 
 
 def test_a_failing_round_fails_only_its_requests_and_aborts_its_captures():
-    engine, runner = make(fail_at=1)            # the round holding the checkpoint capture raises
+    engine, runner = make(hybrid=True, fail_at=1)            # the round holding the checkpoint capture raises
 
     async def body(e):
         return await drain(e.submit(req("a", PROMPT, publish=128, opener=250)))
@@ -216,7 +216,7 @@ def test_hybrid_resume_restores_the_image_into_the_live_slot():
         return n
 
     n = run(engine, body)
-    caps = [it.capture for p in runner.plans[:n] for it in p.items if it.capture]
+    caps = [c for p in runner.plans[:n] for it in p.items for c in it.captures]
     assert [(c.kind, c.pos, c.slot_tier, c.src_slot) for c in caps] == [("prefix", 128, "host", 0),
                                                                         ("checkpoint", 250, "host", 0)]
     (rs,) = runner.plans[n].restores
