@@ -19,7 +19,9 @@ from .wire import (MAX_ID_CHARS, MAX_STOP, MAX_TOKENS_LIMIT, MAX_TOP_LOGPROBS, O
 @dataclass(frozen=True)
 class Sampling:
     """Sampling fields shared by chat and completion. temperature 0 = greedy; top_k 0 = off; seed None = random;
-    max_tokens None = the server's default_max_tokens; stop: up to 16 non-empty strings."""
+    max_tokens None = the server's default_max_tokens; stop: up to 16 non-empty strings. ignore_eos: the model's
+    end-of-sequence tokens do not end generation (it runs to max_tokens or a stop string), as vLLM's and
+    llama.cpp's ``ignore_eos``: for benchmarks that need a fixed number of tokens."""
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
@@ -27,6 +29,7 @@ class Sampling:
     min_p: float = 0.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -198,6 +201,7 @@ def parse_sampling(obj: dict) -> Sampling:
         min_p=_opt(obj, "min_p", 0.0, _num, 0.0, 1.0),
         seed=_opt(obj, "seed", None, _int, -(2**63), 2**64 - 1),
         stop=stops,
+        ignore_eos=_opt(obj, "ignore_eos", False, _bool),
     )
 
 

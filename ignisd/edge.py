@@ -224,7 +224,7 @@ class Edge:
             max_tokens = max(1, min(self.default_max_tokens, self.context_tokens - prompt_len))
         return SamplingParams(
             max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
-            seed=s.seed, stop_token_ids=frozenset(self.tok.stop_token_ids),
+            seed=s.seed, stop_token_ids=frozenset() if s.ignore_eos else frozenset(self.tok.stop_token_ids),
             logprobs=bool(op.logprobs), top_logprobs=op.top_logprobs or 0)
 
     def _generation(self, op, rid: str, prompt: Prompt, parser) -> Generation:
