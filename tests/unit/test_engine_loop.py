@@ -287,3 +287,34 @@ def test_an_interactive_request_evicts_the_latest_agent_which_resumes_where_it_s
         assert not redo.sample and redo.start + len(redo.token_ids) == 300 + before - 1
     engine.cache.check_integrity()
     assert engine.cache.tiers.arena is None or engine.cache.tiers.arena.used_bytes == 0
+
+
+@pytest.mark.parametrize("where", ["update", "schedule"])
+def test_a_scheduler_bug_fails_its_requests_and_the_engine_serves_on(where, monkeypatch):
+    """An exception raised by the scheduler outside the forward pass (a bookkeeping bug) must not end the round
+    loop: the round's requests (after a failed schedule, every queued and running one) get an internal error,
+    their pages go back, and the next request is served."""
+    engine, runner = make()
+    sched = engine.scheduler
+    real = getattr(sched, where)
+    calls = {"n": 0}
+
+    def broken(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyError("injected bookkeeping bug")
+        return real(*a, **kw)
+    monkeypatch.setattr(sched, where, broken)
+
+    async def body(e):
+        first = await drain(e.submit(req("a", list(range(2000, 2100)), max_tokens=4)))
+        second = await drain(e.submit(req("b", list(range(3000, 3100)), max_tokens=2)))
+        return first, second
+
+    first, second = run(engine, body)
+    assert isinstance(first[-1], ErrorEvent) and first[-1].code == "internal"
+    assert "injected bookkeeping bug" in first[-1].message and where in first[-1].message
+    assert isinstance(second[-1], DoneEvent) and second[-1].finish_reason is FinishReason.LENGTH
+    assert [ev.token_id for ev in second if isinstance(ev, TokenEvent)] == [600, 601]
+    assert engine.bookkeeping_failures == 1 and engine.cache.live_pages() == 0
+    engine.cache.check_integrity()
