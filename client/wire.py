@@ -104,6 +104,9 @@ def _json_type(v: Any) -> str:
 def _int(v: Any, f: str, lo: int, hi: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
         rng = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
+        if isinstance(v, float) and math.isfinite(v) and v.is_integer() and abs(v) >= 2**64:
+            # the JSON parser reads an integer literal past 64 bits as a float: say what was sent
+            raise _bad(f, f"must be an integer {rng}, got an integer too large for 64 bits (about {v:.3g})")
         raise _bad(f, f"must be an integer {rng}, got {v!r}")
     return v
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from ignis_client import protocol as P
+
 from ignisd.log import get_logger
 from ignisd.prompt import Prompt, Prompts, Reuse
 from ignisd.request import DoneEvent, ErrorEvent, FinishReason, Priority, Request, ReuseInfo, SamplingParams, TokenEvent
@@ -229,6 +231,11 @@ class Edge:
 
     def _generation(self, op, rid: str, prompt: Prompt, parser) -> Generation:
         ids, cuts, msgs = prompt.ids, prompt.cuts, prompt.messages or []
+        if len(ids) >= self.context_tokens and op.sampling.max_tokens is None:
+            # the prompt alone fills the context: name the prompt, not a max_tokens the client never sent
+            where = "prompt" if op.op == "completion" else "messages"
+            raise P.ProtocolError("context_length", f"the prompt is {len(ids)} tokens; the context holds "
+                                  f"{self.context_tokens}, which must leave at least one token to generate", where)
         req = Request(rid=rid, prompt_ids=ids, sampling=self._sampling(op, len(ids)),
                       priority=Priority(op.priority), prompt_logprobs=getattr(op, "prompt_logprobs", None),
                       cache_prompt=op.cache_prompt,

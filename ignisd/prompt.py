@@ -97,10 +97,11 @@ class Prompts:
                                   "messages")
         try:
             msgs = prepare_messages(op.messages, self.developer_policy)
-        except ValueError as e:
+        except ValueError as e:          # MessageError's text is "field: message", as the wire's own errors are
             field, _, msg = str(e).partition(": ")
-            raise P.ProtocolError(getattr(e, "code", "bad_request"), msg or str(e),
-                                  field if msg else "messages") from None
+            field = getattr(e, "field", None) or (field if msg else "messages")
+            text = str(e) if msg else f"{field}: {e}"
+            raise P.ProtocolError(getattr(e, "code", "bad_request"), text, field) from None
         if op.tools and not self.template.uses("tools"):
             raise P.ProtocolError("model_unsupported", "this model's chat template does not render tools", "tools")
         if not self.template.reads("tool_calls"):
@@ -154,7 +155,7 @@ class Prompts:
         v = self.tok.vocab_size
         for i, t in enumerate(ids):
             if not 0 <= t < v:
-                raise P.ProtocolError("bad_request", f"token id {t} is outside the vocabulary [0, {v})",
+                raise P.ProtocolError("bad_request", f"{field}[{i}]: token id {t} is outside the vocabulary [0, {v})",
                                       f"{field}[{i}]")
 
     def completion(self, op) -> Prompt:

@@ -92,7 +92,8 @@ class _Render:
                             part={"type": "output_text", "text": "", "annotations": []})
         return out
 
-    def _close(self) -> bytes:
+    def _close(self, status: str = "completed") -> bytes:
+        """End the open output item with `status` ("completed"; "incomplete" when generation was cut)."""
         it = self.item
         if it is None:
             return b""
@@ -104,10 +105,10 @@ class _Render:
             part = {"type": "output_text", "text": text, "annotations": []}
             out = self._ev("response.output_text.done", **w, content_index=0, text=text, logprobs=[])
             out += self._ev("response.content_part.done", **w, content_index=0, part=part)
-            it = {**it, "status": "completed", "content": [part]}
+            it = {**it, "status": status, "content": [part]}
         else:
             out = self._ev("response.function_call_arguments.done", **w, arguments=text)
-            it = {**it, "status": "completed", "arguments": text}
+            it = {**it, "status": status, "arguments": text}
         out += self._ev("response.output_item.done", output_index=len(self.items), item=it)
         self.items.append(it)
         self.item = None
@@ -138,8 +139,8 @@ class _Render:
         return out
 
     def done(self, ev: EdgeDone) -> bytes:
-        out = self._close()
         status, incomplete = _status(ev)
+        out = self._close("completed" if status == "completed" else "incomplete")
         r = {**self._response(status, self.items, usage_object(ev), incomplete), "ignis": self._ignis(ev)}
         return out + self._ev("response.completed" if status == "completed" else "response.incomplete", response=r)
 
@@ -156,6 +157,8 @@ class _Render:
 
     def final(self, ev: EdgeDone) -> dict:
         m = ev.message
+        status, incomplete = _status(ev)
+        item_status = "completed" if status == "completed" else "incomplete"   # the last item was cut
         output: list[dict] = []
         if m.reasoning_content:
             output.append({"type": "reasoning", "id": new_id("rs_"), "summary": [],
@@ -166,7 +169,8 @@ class _Render:
         for c in m.tool_calls or ():
             output.append({"type": "function_call", "id": new_id("fc_"), "call_id": c.id, "name": c.name,
                            "arguments": c.arguments, "status": "completed"})
-        status, incomplete = _status(ev)
+        if output and "status" in output[-1]:
+            output[-1]["status"] = item_status
         return {**self._response(status, output, usage_object(ev), incomplete), "ignis": self._ignis(ev)}
 
 

@@ -176,7 +176,9 @@ def to_chat(body: dict) -> tuple[dict, list[str]]:
             raise _bad("instructions", "must be a string")
         out.append({"role": "system", "content": instructions})
         paths.append("instructions")
-    inp = body.get("input", "")
+    if "input" not in body:
+        raise _bad("input", "required: a string or a list of input items ([] or \"\" for an empty probe)")
+    inp = body["input"]
     if isinstance(inp, str):
         if inp:
             out.append({"role": "user", "content": inp})

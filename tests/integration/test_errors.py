@@ -33,6 +33,10 @@ def _chat(rid, content="Hello there", **kw):
      "bad_request", "temperature"),
     (b'{"id": "x", "op": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}',
      "context_length", "max_tokens"),
+    # the prompt alone fills the 1,024-token context and no max_tokens was sent: the error names the prompt
+    (b'{"id": "x", "op": "completion", "prompt": [' + b", ".join([b"5"] * 1024) + b']}', "context_length", "prompt"),
+    (b'{"id": "x", "op": "chat", "messages": [{"role": "user", "content": "' + b"river " * 1100 + b'"}]}',
+     "context_length", "messages"),
     (b'{"id": "x", "op": "completion", "prompt": [1, 2, 99999999]}', "bad_request", "prompt[2]"),
     (b'{"id": "x", "op": "completion", "prompt": "hi", "prompt_logprobs": 50}', "bad_request", "prompt_logprobs"),
     (b'{"id": "x", "op": "chat", "messages": [{"role": "user", "content": [{"type": "text", "text": "what?"}, '
@@ -49,6 +53,8 @@ def test_bad_input_gets_named_error(tiny_daemon, line, code, field):
     assert r["error"]["code"] == code, r
     assert r["error"]["field"] == field, r
     assert r["error"]["message"]
+    if code == "bad_request" and field:        # every bad_request message starts with the field it names
+        assert r["error"]["message"].startswith(field + ": "), r
     # the connection is kept and the daemon still answers on it
     assert c.request({"id": "after", "op": "health"})["result"]["ok"] is True
     c.close()

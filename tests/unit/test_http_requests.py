@@ -129,6 +129,8 @@ def test_responses_probe_and_refusals():
     assert R.to_chat({"input": [], "max_output_tokens": 1})[0]["messages"] == [{"role": "user", "content": ""}]
     assert R.to_chat({"instructions": "S", "input": ""})[0]["messages"] == [{"role": "system", "content": "S"},
                                                                            {"role": "user", "content": ""}]
+    assert _code(R.to_chat, {}) == ("bad_request", "input")               # no input at all is not a probe
+    assert _code(R.to_chat, {"instructions": "S"}) == ("bad_request", "input")
     code, field = _code(R.to_chat, {"input": "hi", "previous_response_id": "resp_1"})
     assert (code, field) == ("bad_request", "previous_response_id")
     img = {"type": "input_image", "image_url": "data:image/png;base64,AA=="}

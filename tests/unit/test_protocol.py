@@ -408,3 +408,11 @@ def test_resolve_socket_path(tmp_path):
     assert P.resolve_socket_path(full, system_path=str(present)) == str(present)
     assert P.resolve_socket_path(full, system_path=missing) == "/run/user/7/ignis/ignisd.sock"
     assert P.resolve_socket_path({"IGNIS_SOCKET": ""}, system_path=missing) == f"/tmp/ignis-{os.getuid()}/ignisd.sock"
+
+
+def test_an_integer_past_64_bits_is_named_as_such():
+    line = b'{"id": "r", "op": "completion", "prompt": "hi", "max_tokens": 99999999999999999999}'
+    with pytest.raises(P.ProtocolError) as e:
+        P.parse_request(orjson.loads(line))
+    assert e.value.field == "max_tokens" and "too large for 64 bits (about 1e+20)" in str(e.value)
+    assert "got 1e+20" not in str(e.value)
