@@ -7,6 +7,11 @@ import { StripChart } from "./chart.js";
 
 const $ = (id) => document.getElementById(id);
 
+// The fields `names` of object `o`, 0 where absent (a daemon that has no such feature yet reports none).
+function zeros(o, names) {
+  return Object.fromEntries(names.map((n) => [n, Number((o || {})[n]) || 0]));
+}
+
 // Segments of a bar as fractions of its width; the bar's data attributes carry the raw values for readers.
 function setBar(bar, fractions, label, data) {
   const segs = bar.querySelectorAll(".seg");
@@ -57,7 +62,8 @@ export class Monitor {
   pool(st) {
     // a page can be held by a live sequence and a retained state at once (a capture shares the pages in place):
     // the bar shows live pages, then the pages held by retained states only, then free pages
-    const k = st.kv_pool, pb = st.model.page_bytes || 0, total = k.pages_total || 0;
+    const k = zeros(st.kv_pool, ["pages_total", "pages_free", "pages_live", "pages_retained"]);
+    const pb = (st.model || {}).page_bytes || 0, total = k.pages_total;
     const used = total - k.pages_free, retainedOnly = Math.max(0, used - k.pages_live);
     const shared = Math.max(0, k.pages_retained - retainedOnly);
     const f = (n) => (total ? n / total : 0);
@@ -70,7 +76,7 @@ export class Monitor {
   }
 
   slots(st) {
-    const s = st.slots, sb = st.model.state_bytes || 0;
+    const s = st.slots || {}, sb = (st.model || {}).state_bytes || 0;
     for (const tier of ["device", "host"]) {
       const total = s[`${tier}_total`] || 0, free = s[`${tier}_free`] || 0, used = total - free;
       setBar($(`slots-${tier}-bar`), [total ? used / total : 0], `${tier} retained slots: ${used} of ${total} used`,
@@ -97,15 +103,15 @@ export class Monitor {
   }
 
   lanes(st) {
-    const l = st.lanes, boxes = [];
-    const kinds = [["prefill", l.prefill || 0], ["decode", l.decode || 0]];
+    const l = zeros(st.lanes, ["total", "prefill", "decode", "evicted"]), boxes = [];
+    const kinds = [["prefill", l.prefill], ["decode", l.decode]];
     for (const [kind, n] of kinds) for (let i = 0; i < n; i++) boxes.push(el("span", { class: `lane ${kind}`, title: kind }));
-    while (boxes.length < (l.total || 0)) boxes.push(el("span", { class: "lane", title: "idle" }));
+    while (boxes.length < l.total) boxes.push(el("span", { class: "lane", title: "idle" }));
     const lanes = $("lanes");
     lanes.replaceChildren(...boxes);
     lanes.setAttribute("aria-label", `${l.total} lanes: ${l.prefill} prefill, ${l.decode} decode`);
     $("lanes-text").textContent = `${l.prefill} prefill · ${l.decode} decode · ${l.evicted} evicted of ${l.total}`;
-    $("queue").textContent = String(st.queue.waiting);
+    $("queue").textContent = String((st.queue || {}).waiting || 0);
   }
 
   requests(st) {
