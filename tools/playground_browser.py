@@ -63,12 +63,18 @@ def set_sampling(page, **fields) -> None:
         page.fill(f"#{k}", "" if v is None else str(v))
 
 
-def send(page, text: str, timeout_ms: int = 120_000) -> dict:
-    """Send `text` as the next user message and wait for the reply to finish; returns the reply's figures as the
-    page shows them (cached, prompt, reuse, ttft, rate, generated, finish, id) and its text."""
+def send(page, text: str, timeout_ms: int = 120_000, keyboard: bool = False) -> dict:
+    """Send `text` as the next user message (keyboard: typed into the focused message box and sent with Enter, else
+    filled in and the Send button clicked) and wait for the reply to finish; returns the reply's figures as the page
+    shows them (cached, prompt, reuse, ttft, rate, generated, finish, id) and its text."""
     n = page.locator("#log li.msg.assistant").count()
-    page.fill("#input", text)
-    page.click("#send")
+    if keyboard:
+        page.focus("#input")
+        page.keyboard.type(text)
+        page.keyboard.press("Enter")
+    else:
+        page.fill("#input", text)
+        page.click("#send")
     reply = page.locator("#log li.msg.assistant").nth(n)
     reply.locator("dl.stats").wait_for(timeout=timeout_ms)
     figures = {k: reply.locator(f"[data-k={k}] dd").inner_text() for k in

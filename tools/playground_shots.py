@@ -87,7 +87,7 @@ def shoot(out: Path, url: str) -> list[Path]:
         page.set_viewport_size({"width": 480, "height": 900})
         page.wait_for_timeout(500)
         page.evaluate("window.scrollTo(0, 0)")
-        snap(page, "05-narrow.png")
+        snap(page, "05-narrow.png", full_page=True)
         if page.problems:
             print("page problems:", *page.problems, sep="\n  ", file=sys.stderr)
         browser.close()

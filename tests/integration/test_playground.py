@@ -65,7 +65,7 @@ def test_chat_streams_replies_with_their_cached_tokens(daemon, chromium, api):
     u1 = {"role": "user", "content": "Which bridges should I see first?"}
     msgs1 = [system, u1]
     expect1 = post(api, "/ignis/reuse", {"messages": msgs1})
-    f1 = B.send(page, u1["content"])
+    f1 = B.send(page, u1["content"], keyboard=True)      # typed, and sent with Enter
     assert int(f1["prompt"]) == len(post(api, "/ignis/tokenize", {"messages": msgs1})["tokens"])
     assert int(f1["cached"]) == expect1["reuse"]["cached_tokens"] == int(done_line(daemon, f1["id"])["cached"])
 
@@ -85,6 +85,9 @@ def test_chat_streams_replies_with_their_cached_tokens(daemon, chromium, api):
     ttft = float(re.sub(r"[^0-9.]", "", f2["ttft"]))
     assert abs(ttft - float(done["ttft_ms"])) <= 0.11
     assert f2["rate"].endswith("tok/s")
+    for width, height in ((1280, 800), (480, 900)):          # readable wide and narrow: nothing runs off the side
+        page.set_viewport_size({"width": width, "height": height})
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
     assert not page.problems, page.problems
     page.context.close()
 

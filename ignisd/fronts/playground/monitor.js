@@ -132,7 +132,9 @@ export class Monitor {
     $("retained").tBodies[0].replaceChildren(...rows);
     $("retained-count").textContent = `(${list.length})`;
     const key = list.map((r) => `${r.kind}:${r.tier}:${r.tokens}`).sort().join(",");
-    if (key !== this.retainedKey) {
+    // the fingerprint asks again when the kept states change, but never wakes a model the daemon unloaded
+    const serving = !st.daemon || st.daemon.state === "ready";
+    if (key !== this.retainedKey && serving) {
       this.retainedKey = key;
       this.onretained();
     }
