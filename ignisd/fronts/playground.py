@@ -2,7 +2,7 @@
 it reads besides the OpenAI front.
 
 * ``GET /`` (and ``/playground``): the page; ``GET /playground/{file}``: its static files (shipped as package data in
-  ``ignisd/fronts/playground/``: plain HTML, CSS and JavaScript modules, no build step, nothing fetched from
+  ``ignisd/fronts/static/``: plain HTML, CSS and JavaScript modules, no build step, nothing fetched from
   elsewhere: every answer carries a Content-Security-Policy that allows this origin only). These never need the key:
   the page asks for it and sends it on the routes below.
 * ``POST /ignis/tokenize``: the `tokenize` op (body: its fields, ``text`` or a chat body) → its result.
@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ignisd.fronts.sse import SSE_HEADERS, dumps, new_id, parse_op, read_json, sse_event
 from ignisd.reuse_probe import probe
 
-STATIC = importlib.resources.files("ignisd.fronts") / "playground"
+STATIC = importlib.resources.files("ignisd.fronts") / "static"
 CSP = ("default-src 'self'; connect-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 TYPES = {".html": "text/html", ".css": "text/css", ".js": "text/javascript", ".svg": "image/svg+xml",

@@ -37,10 +37,11 @@ def test_no_static_file_points_outside_the_origin(path):
 
 def test_every_file_is_package_data_and_every_reference_resolves():
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    globs = cfg["tool"]["setuptools"]["package-data"]["ignisd.fronts"]
+    assert "ignisd.fronts.static" in cfg["tool"]["setuptools"]["packages"]
+    globs = cfg["tool"]["setuptools"]["package-data"]["ignisd.fronts.static"]
     names = {p.name for p in FILES}
     for p in FILES:
-        assert any(fnmatch(f"playground/{p.name}", g) for g in globs), p.name
+        assert any(fnmatch(p.name, g) for g in globs), p.name
     for p in FILES:
         if p.suffix == ".js":
             for target in re.findall(r"""^import .* from "([^"]+)";$""", p.read_text(), re.M):
