@@ -94,7 +94,7 @@ def test_chat_streams_replies_with_their_cached_tokens(daemon, chromium, api):
 
 def test_fingerprint_turns_amber_at_the_edited_character(daemon, chromium, api):
     page = open_chat(chromium, daemon, SYS_FP, 4)
-    u1 = "Where is the harbour?"
+    u1 = "Where is the harbour? " + " ".join(["tide wave"] * 40)   # long: its checkpoint lies a page past the prefix
     B.send(page, u1)
     draft = "And the tides?"
     page.fill("#input", draft)
@@ -136,6 +136,23 @@ def test_fingerprint_turns_amber_at_the_edited_character(daemon, chromium, api):
 
     B.set_system(page, SYS_FP)                        # undone: it resumes again
     assert int(shown(total, "hit")["cached"]) > 0
+
+    # an earlier message edited in place: the kept prefix still serves, the divergence is in that message
+    user = page.locator("#log li.msg[data-index='0']")
+    user.get_by_role("button", name="Edit message 1").click()
+    u1_edited = u1[:-4] + "surf"
+    user.locator("textarea.edit").fill(u1_edited)
+    page.keyboard.press("Escape")
+    moved = body(SYS_FP)
+    moved["messages"][1]["content"] = u1_edited
+    want = post(api, "/ignis/reuse", moved)["reuse"]
+    assert want["cached_tokens"] > 0 and want["diverged_at"]["role"] == "user"
+    page.wait_for_function("c => document.getElementById('fp-summary').dataset.char === String(c)",
+                           arg=want["diverged_at"]["char_offset"], timeout=30_000)
+    fp = B.fingerprint(page)
+    assert (fp["state"], int(fp["cached"]), fp["mark"]) == ("hit", want["cached_tokens"],
+                                                           want["diverged_at"]["char_offset"])
+    assert "in message 1 (user)" in fp["divergence"]
     assert not page.problems, page.problems
     page.context.close()
 
