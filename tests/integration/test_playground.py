@@ -68,6 +68,9 @@ def test_chat_streams_replies_with_their_cached_tokens(daemon, chromium, api):
     f1 = B.send(page, u1["content"], keyboard=True)      # typed, and sent with Enter
     assert int(f1["prompt"]) == len(post(api, "/ignis/tokenize", {"messages": msgs1})["tokens"])
     assert int(f1["cached"]) == expect1["reuse"]["cached_tokens"] == int(done_line(daemon, f1["id"])["cached"])
+    reason = expect1["reuse"]["reason"]
+    assert reason is not None and f1["reuse"] == ("miss" if reason == "miss" else f"miss: {reason}")
+    assert done_line(daemon, f1["id"])["reason"] == reason
 
     # turn 2: it resumes what turn 1 kept; the page sends reply 1 exactly as the API streamed it
     msgs2 = msgs1 + [{"role": "assistant", "content": reply_text(api, msgs1, 8)},

@@ -18,7 +18,8 @@ function statsList(m) {
   const reuse = ig.reuse || {};
   const t = ig.timings || {};
   const hit = reuse.tier && reuse.cached_tokens > 0;
-  const reuseText = hit ? `${TIERS[reuse.tier] || reuse.tier} ${reuse.kind}` : `miss: ${reuse.reason || "?"}`;
+  const why = reuse.reason && reuse.reason !== "miss" ? `: ${reuse.reason}` : "";
+  const reuseText = hit ? `${TIERS[reuse.tier] || reuse.tier} ${reuse.kind}` : `miss${why}`;
   return el("dl", { class: "stats", "aria-label": "Reply figures" },
     statItem("cached", "cached", cached === undefined ? "–" : String(cached), hit ? "" : "miss"),
     statItem("prompt", "of prompt", u.prompt_tokens === undefined ? "–" : String(u.prompt_tokens)),
