@@ -2,7 +2,7 @@
 streamed chat and the figures of its replies, the reuse fingerprint turning amber at an edited character, and the
 Monitor's KV pool bar while a request runs. Every value the page shows is compared with the daemon's own answer for
 the same request, computed by a separate HTTP call (tokenize, the reuse probe, the OpenAI front) or read from its
-`done` log line."""
+`done` log line. Stop cancels the running request."""
 from __future__ import annotations
 
 import math
@@ -191,4 +191,21 @@ def test_monitor_pool_bar_shows_a_running_request(daemon, chromium, api):
                    for i in range(rows.count()))
     assert shown == sorted((r["kind"], r["tokens"]) for r in kept)
     assert not page.problems, page.problems
+    page.context.close()
+
+
+def test_stop_cancels_the_running_request(daemon, chromium):
+    page = open_chat(chromium, daemon, "Stopwatch. " + FILLER, 900, "?interval=0.2")
+    B.wait_pool(page, "v.live === 0")
+    page.fill("#input", "Count slowly.")
+    page.click("#send")
+    B.wait_pool(page, "v.live > 0")
+    page.click("#stop")
+    reply = page.locator("#log li.msg.assistant").last
+    reply.locator("[data-k=finish] dd", has_text="stopped").wait_for(timeout=30_000)
+    rid = reply.locator("[data-k=id] dd").inner_text()
+    done = done_line(daemon, rid)                     # the daemon cancelled it when the page dropped the stream
+    assert done["finish"] == "cancelled" and int(done["generated"]) < 900
+    assert B.wait_pool(page, "v.live === 0")["live_width"] == 0
+    assert page.locator("#send").is_enabled() and page.locator("#stop").is_disabled()
     page.context.close()
