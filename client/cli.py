@@ -3,6 +3,10 @@
     ignis chat "text" [--system S] [--max-tokens N] [--temperature T] [--seed N]   streams the answer (greedy)
     ignis status [--watch] [--json]    the pools, lanes, queue and retained states as text bars (--json: the raw op)
     ignis metrics | ignis health
+    ignis lint TRACE [--json] [--prefill-rate TOK_S] [--color auto|always|never]
+                                       why a session's prompts miss the retained prefix (client/lint.py): each
+                                       request of a trace (JSON lines of request bodies, or the daemon's request log)
+                                       is rendered by the daemon's `tokenize` op and compared with the earlier ones
 
 Every subcommand takes ``--socket PATH`` (default: resolved as in DESIGN §6), ``--api-key-file FILE`` (or
 $IGNIS_API_KEY) and ``--timeout S``. Exit status: 0 on success, 1 on an error reply or when no daemon is listening,
@@ -42,7 +46,46 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the raw status op as JSON")
     sub.add_parser("metrics", parents=[common], help="print the Prometheus metrics")
     sub.add_parser("health", parents=[common], help="print health; exit 1 unless ok")
+    add_lint_arguments(sub.add_parser("lint", parents=[common], help="explain why a trace's prompts miss the "
+                                                                      "retained prefix"))
     return p
+
+
+def add_lint_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments `ignis lint` and `ignisd lint` share."""
+    p.add_argument("trace", help="JSON lines: OpenAI chat, Anthropic Messages or Responses bodies, or the daemon's "
+                                 "request log (server.request_log)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--prefill-rate", type=float, default=None,
+                   help="prefill tokens/s to price the lost tokens at (default: the daemon's measured rate)")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="colour the causes (auto: when stdout is a terminal)")
+
+
+def run_lint(args: argparse.Namespace, render, prefill_rate: float | None) -> int:
+    """Read args.trace, lint it with `render` (entry -> tokenize result), print the report. Exit status 0, or 1
+    when the trace cannot be read or no line of it could be used."""
+    from .lint import lint
+    from .lint_view import render_json, render_report
+    from .trace import read_trace
+    try:
+        entries, errors = read_trace(args.trace)
+    except OSError as e:
+        print(f"ignis: cannot read the trace {args.trace}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    rate = args.prefill_rate if args.prefill_rate else prefill_rate
+    rep = lint(entries, render, rate, errors)
+    colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    sys.stdout.write(render_json(rep) if args.json else render_report(rep, colour))
+    return 0 if rep.requests or not (entries or errors) else 1
+
+
+def _lint(client: Client, args: argparse.Namespace) -> int:
+    rate = (client.status().get("model") or {}).get("prefill_tokens_per_s") or None
+
+    def render(entry):
+        return client.request("tokenize", api=entry.shape, body=entry.body)["result"]
+    return run_lint(args, render, rate)
 
 
 def _api_key(args: argparse.Namespace) -> str | None:
@@ -107,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                 return _chat(client, args)
             if args.cmd == "status":
                 return _status(client, args)
+            if args.cmd == "lint":
+                return _lint(client, args)
             elif args.cmd == "metrics":
                 sys.stdout.write(client.metrics()["text"])
             elif args.cmd == "health":

@@ -12,6 +12,7 @@ part of the wire object.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 CONTEXT_CHARS = 40
@@ -149,3 +150,109 @@ def cause(ours_text: str, theirs_text: str, char: int | None = None, messages: S
     if role in ("user", "tool"):
         return "edited"
     return "template"
+
+
+# ---------------------------------------------------------------- volatile spans (lint)
+# What lint names a divergence that a byte-stable harness would not have: the cause, and the extent of the volatile
+# span on each side, so the comparison can resume after it (``volatile_span``). Most specific first.
+VOLATILE_CAUSES = ("nonce", "timestamp", "id", "counter", "whitespace")
+BILLING_HEADER = "x-anthropic-billing-header:"
+_MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\.?"
+_DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*\.?"
+_TIMESTAMP = re.compile("|".join((
+    r"\d{4}-\d{2}-\d{2}(?:[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?",   # ISO 8601
+    r"\b\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:\s?[AaPp]\.?[Mm]\.?)?",                           # 14:03:07, 2:03 PM
+    r"\b\d{1,4}/\d{1,2}/\d{1,4}\b",                                                             # 3/14/2025
+    rf"\b(?:{_DAY},?\s+)?{_MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?,?(?:\s+\d{{4}})?",                 # Mar 14, 2025
+    rf"\b\d{{1,2}}\s+{_MONTH}\s+\d{{4}}",                                                       # 14 March 2025
+    rf"\b{_DAY}\b",                                                                             # Friday
+    r"\b1\d{9}(?:\d{3})?(?:\.\d+)?\b",                                                          # Unix time (s, ms)
+)))
+_ID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+                 r"|(?<![0-9A-Za-z])[0-9a-fA-F]{16,}(?![0-9A-Za-z])")
+_NONCE_KEY = re.compile(r"(?i)\b(?:nonce|cch|request[_-]?id|req[_-]?id|trace[_-]?id|session[_-]?id|run[_-]?id)"
+                        r"\s*[:=]\s*\"?([^\s\";,]+)")
+_TOKEN = re.compile(r"[A-Za-z0-9_\-+/=]{10,}")
+_NUMBER = re.compile(r"\d+")
+RESYNC_CHARS = 16   # after a whitespace difference, this many characters must agree again
+
+
+def _covering(rx: re.Pattern, text: str, at: int, group: int = 0) -> tuple[int, int] | None:
+    """(start, end) of a match of `rx` near `at` whose `group` covers character `at` (a match ending at `at` counts
+    when `at` is past the end of the text or the match is followed by a differing tail)."""
+    lo = max(0, at - 80)
+    for m in rx.finditer(text, lo, min(len(text), at + 80)):
+        s, e = m.span(group)
+        if s <= at < e or (s < at == e):
+            return s, e
+        if s > at:
+            break
+    return None
+
+
+def _line(text: str, at: int) -> tuple[int, int]:
+    s = text.rfind("\n", 0, at) + 1
+    e = text.find("\n", at)
+    return s, len(text) if e < 0 else e
+
+
+def _random_token(tok: str) -> bool:
+    digits = sum(c.isdigit() for c in tok)
+    letters = sum(c.isalpha() for c in tok)
+    return digits >= 2 and letters >= 2
+
+
+def volatile_span(ours: str, theirs: str, ca: int, cb: int | None = None) -> tuple[str, int, int] | None:
+    """(cause, end in ours, end in theirs) when the first difference, at character `ca` of ours and `cb` of theirs
+    (default `ca`: the texts agree before it), lies in a volatile span; None otherwise.
+
+    causes (VOLATILE_CAUSES): ``nonce`` — the line holds Claude Code's billing header (``x-anthropic-billing-header:``)
+    or a ``nonce=`` / ``request_id:`` … value, or a random-looking token (10+ characters, letters and digits) differs;
+    ``timestamp`` — a date or time (ISO 8601, 14:03, 3/14/2025, Mar 14 2025, a weekday, Unix seconds or ms) covers
+    the difference on both sides; ``id`` — a UUID or a hex run of 16+ digits; ``counter`` — another number;
+    ``whitespace`` — only whitespace differs here (the texts agree again for RESYNC_CHARS characters after the
+    whitespace runs). The ends are where the comparison may resume (the span's end on each side).
+    """
+    cb = ca if cb is None else cb
+    if ca > len(ours) or cb > len(theirs):
+        return None
+    la, lb = _line(ours, ca), _line(theirs, cb)
+    if BILLING_HEADER in theirs[lb[0]:lb[1]] and BILLING_HEADER in ours[la[0]:la[1]]:
+        return "nonce", la[1], lb[1]
+    for cause_name, rx, group in (("timestamp", _TIMESTAMP, 0), ("id", _ID, 0), ("nonce", _NONCE_KEY, 1)):
+        a, b = _covering(rx, ours, ca, group), _covering(rx, theirs, cb, group)
+        if a is not None and b is not None:
+            return cause_name, a[1], b[1]
+    a, b = _covering(_TOKEN, ours, ca), _covering(_TOKEN, theirs, cb)
+    if a is not None and b is not None and _random_token(ours[a[0]:a[1]]) and _random_token(theirs[b[0]:b[1]]):
+        return "nonce", a[1], b[1]
+    a, b = _covering(_NUMBER, ours, ca), _covering(_NUMBER, theirs, cb)
+    if a is not None and b is not None:
+        return "counter", a[1], b[1]
+    ea, eb = ca, cb
+    while ea < len(ours) and ours[ea].isspace():
+        ea += 1
+    while eb < len(theirs) and theirs[eb].isspace():
+        eb += 1
+    if (ea, eb) != (ca, cb) and ours[ea:ea + RESYNC_CHARS] == theirs[eb:eb + RESYNC_CHARS]:
+        return "whitespace", ea, eb
+    return None
+
+
+def sort_keys(v):
+    """`v` (decoded JSON) with the keys of every object sorted, recursively; lists keep their order."""
+    if isinstance(v, dict):
+        return {k: sort_keys(v[k]) for k in sorted(v)}
+    if isinstance(v, list):
+        return [sort_keys(x) for x in v]
+    return v
+
+
+def tool_name(tool) -> str | None:
+    """The name of a tool in any request shape: OpenAI chat (``function.name``), Anthropic Messages and Responses
+    (``name``); None when it has none."""
+    if not isinstance(tool, dict):
+        return None
+    fn = tool.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else tool.get("name")
+    return name if isinstance(name, str) else None

@@ -19,7 +19,9 @@ from .wire import (MAX_ID_CHARS, MAX_STOP, MAX_TOKENS_LIMIT, MAX_TOP_LOGPROBS, O
 @dataclass(frozen=True)
 class Sampling:
     """Sampling fields shared by chat and completion. temperature 0 = greedy; top_k 0 = off; seed None = random;
-    max_tokens None = the server's default_max_tokens; stop: up to 16 non-empty strings."""
+    max_tokens None = the server's default_max_tokens; stop: up to 16 non-empty strings. ignore_eos: the model's
+    end-of-sequence tokens do not end generation (it runs to max_tokens or a stop string), as vLLM's and
+    llama.cpp's ``ignore_eos``: for benchmarks that need a fixed number of tokens."""
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
@@ -27,6 +29,7 @@ class Sampling:
     min_p: float = 0.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -79,13 +82,21 @@ class CancelOp:
 
 @dataclass(frozen=True)
 class TokenizeOp:
-    """``tokenize``: exactly one of text (tokenize as is) or chat (a chat body to render with the template)."""
+    """``tokenize``: exactly one of text (tokenize as is), chat (a chat body to render with the template), or an HTTP
+    front's body: ``api`` (one of ``BODY_APIS``) and ``body`` (the request body as that front takes it; the daemon
+    maps it with the front's own request mapper, so the rendering equals the front's; for ``openai`` ``chat`` is
+    also set)."""
     op: ClassVar[str] = "tokenize"
     id: str
     text: str | None = None
     chat: ChatOp | None = None
     add_generation_prompt: bool = True
     api_key: str | None = None
+    api: str | None = None
+    body: dict | None = None
+
+
+BODY_APIS = ("openai", "anthropic", "responses")   # tokenize's `api`: the HTTP fronts' body shapes
 
 
 @dataclass(frozen=True)
@@ -190,6 +201,7 @@ def parse_sampling(obj: dict) -> Sampling:
         min_p=_opt(obj, "min_p", 0.0, _num, 0.0, 1.0),
         seed=_opt(obj, "seed", None, _int, -(2**63), 2**64 - 1),
         stop=stops,
+        ignore_eos=_opt(obj, "ignore_eos", False, _bool),
     )
 
 
@@ -318,6 +330,19 @@ def _parse_tokenize(rid: str, obj: dict, api_key: str | None) -> TokenizeOp:
     if text is not None and messages is not None:
         raise _bad("text", "give either text or messages (a chat body), not both")
     agp = _opt(obj, "add_generation_prompt", True, _bool)
+    if obj.get("api") is not None:
+        api = _choice(obj["api"], "api", BODY_APIS)
+        if text is not None or messages is not None:
+            raise _bad("api", "give either api + body (an HTTP front's body), or text / messages, not both")
+        body = _obj(obj.get("body"), "body")
+        chat = None
+        if api == "openai":
+            try:
+                chat = _parse_chat(rid, body, api_key)
+            except ProtocolError as e:
+                e.field = f"body.{e.field}" if e.field else "body"
+                raise
+        return TokenizeOp(rid, chat=chat, add_generation_prompt=agp, api_key=api_key, api=api, body=body)
     if text is not None:
         return TokenizeOp(rid, text=_str(text, "text"), add_generation_prompt=agp, api_key=api_key)
     if messages is None:

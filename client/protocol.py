@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from .ops import (CancelOp, ChatOp, CompletionOp, DetokenizeOp, Op, Sampling, SimpleOp, TokenizeOp, parse_envelope,
-                  parse_messages, parse_request, parse_sampling)
+from .ops import (BODY_APIS, CancelOp, ChatOp, CompletionOp, DetokenizeOp, Op, Sampling, SimpleOp, TokenizeOp,
+                  parse_envelope, parse_messages, parse_request, parse_sampling)
 from .replies import (TIMING_KEYS, chat_message, delta, done, empty_reuse, empty_status, result, reuse, timings,
                       usage)
 from .wire import (DEFAULT_MAX_LINE_BYTES, ERROR_CODES, FINISH_REASONS, KINDS, MAX_ID_CHARS, MAX_STOP,
@@ -30,7 +30,7 @@ __all__ = [
     "DEFAULT_MAX_LINE_BYTES", "MAX_ID_CHARS", "MAX_STOP", "MAX_TOP_LOGPROBS", "MAX_TOKENS_LIMIT", "SYSTEM_SOCKET_PATH",
     "ProtocolError", "decode_line", "encode", "error",
     # ops
-    "Sampling", "ChatOp", "CompletionOp", "CancelOp", "TokenizeOp", "DetokenizeOp", "SimpleOp", "Op",
+    "BODY_APIS", "Sampling", "ChatOp", "CompletionOp", "CancelOp", "TokenizeOp", "DetokenizeOp", "SimpleOp", "Op",
     "parse_envelope", "parse_request", "parse_sampling", "parse_messages",
     # replies
     "delta", "usage", "TIMING_KEYS", "timings", "reuse", "empty_reuse", "chat_message", "done", "result",

@@ -92,7 +92,7 @@ def result(id: str, result: dict) -> dict:
 def empty_status() -> dict:
     """The ``status`` result with every field of §5 present and zero; the server fills in what exists."""
     return {"model": {"name": "", "arch": "", "kv_format": "", "context_tokens": 0, "page_tokens": 0,
-                      "page_bytes": 0, "state_bytes": 0},
+                      "page_bytes": 0, "state_bytes": 0, "prefill_tokens_per_s": 0.0},
             "lanes": {"total": 0, "prefill": 0, "decode": 0, "evicted": 0},
             "queue": {"waiting": 0},
             "kv_pool": {"pages_total": 0, "pages_free": 0, "pages_live": 0, "pages_retained": 0},

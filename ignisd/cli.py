@@ -1,5 +1,5 @@
 """The `ignisd` command: `ignisd serve [flags]` runs the daemon (DESIGN §6); `ignisd install-unit` installs the systemd
-units (ignisd.install_unit).
+units (ignisd.install_unit); `ignisd lint` lints a trace offline (ignisd.lint).
 
 Exit codes of serve: 0 after a clean stop, 2 for a configuration value that is refused, 1 for anything else that
 stops the start (a model that cannot be loaded, another daemon on the socket).
@@ -13,6 +13,7 @@ from ignisd.config import ConfigError, parse_serve_args
 
 USAGE = ("usage: ignisd serve [--config FILE] [--model PATH] [--socket PATH] [--section-key VALUE ...]\n"
          "       ignisd install-unit [--root DIR] [--config PATH] [--ignisd PATH] [--no-reload]\n"
+         "       ignisd lint [--model PATH] TRACE [--json] [--prefill-rate TOK_S]   (no daemon; tokenizer only)\n"
          "Every configuration key section.key_name has the flag --section-key-name (see README).")
 
 
@@ -25,8 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "install-unit":
         from ignisd.install_unit import main as install_main
         return install_main(argv[1:])
+    if argv[0] == "lint":
+        from ignisd.lint import main as lint_main
+        return lint_main(argv[1:])
     if argv[0] != "serve":
-        print(f"ignisd: unknown command {argv[0]!r}; the commands are `ignisd serve` and `ignisd install-unit`",
+        print(f"ignisd: unknown command {argv[0]!r}; the commands are `ignisd serve`, `ignisd install-unit` and "
+              "`ignisd lint`",
               file=sys.stderr)
         return 2
     import signal

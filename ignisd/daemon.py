@@ -64,7 +64,9 @@ class Daemon:
         self.host = ModelHost(cfg, self._load, heartbeat=self.heartbeat, notifier=self.notifier,
                               metrics=self.metrics, model_info=self._plan.model_info())
         self._api_key = self._plan.api_key
-        self.server = Server(NdjsonFront(self.host), max_line_bytes=cfg.server.max_line_bytes,
+        self.request_log = _open_request_log(cfg)
+        self.server = Server(NdjsonFront(self.host, cfg.server.strip_billing_header, self.request_log),
+                             max_line_bytes=cfg.server.max_line_bytes,
                              max_inflight=cfg.server.max_inflight_per_connection, api_key=self._api_key,
                              metrics=self.metrics)
         self.http: HttpFront | None = None
@@ -114,6 +116,8 @@ class Daemon:
             await self._shutdown()
         finally:
             monitor.cancel()
+            if self.request_log is not None:
+                self.request_log.close()
             if self.metrics_listener is not None:
                 self.metrics_listener.close()
             if self.http is not None:
@@ -131,7 +135,8 @@ class Daemon:
         inherited_http = self.listeners.pop("http", None)
         if cfg.http_listen or inherited_http is not None:   # HTTP fronts on the same loop, over the model host
             self.http = HttpFront(api_key=self._api_key, strip_billing_header=cfg.strip_billing_header,
-                                  max_body_bytes=cfg.max_line_bytes, metrics=self.metrics)
+                                  max_body_bytes=cfg.max_line_bytes, metrics=self.metrics,
+                                  request_log=self.request_log)
             self.http.attach(self.host)
             await self.http.start(cfg.http_listen or "", cfg.socket_mode, self.socket_gid, sock=inherited_http)
         if cfg.metrics_listen:
@@ -235,8 +240,38 @@ class Daemon:
         if stack is not None:
             stack.edge.default_max_tokens = s.default_max_tokens
             stack.edge.prompts.developer_policy = s.developer_message_policy
+            stack.edge.prompts.canonicalize_tools = s.canonicalize_tools
+        self.server.front.strip_billing_header = s.strip_billing_header
+        if self.http is not None:
+            self.http.strip_billing_header = s.strip_billing_header
+        if (s.request_log, s.request_log_bytes) != (self.cfg.server.request_log, self.cfg.server.request_log_bytes):
+            old_log = self.request_log
+            try:
+                self.request_log = _open_request_log(cfg)
+            except StartupError as e:
+                log.error("request_log", error=str(e))
+                self.request_log = None
+            self.server.front.request_log = self.request_log
+            if self.http is not None:
+                self.http.request_log = self.request_log
+            if old_log is not None:
+                old_log.close()
             stack.scheduler.max_queue = s.max_queue
         self.host.cfg = effective_config(cfg, self.host.cfg, _now_keys(self.host.cfg, cfg))
+
+
+def _open_request_log(cfg: Config):
+    """The RequestLog of server.request_log (None when off). Raises StartupError (exit 2) naming the key when the
+    file cannot be opened."""
+    from ignisd.request_log import RequestLog
+    s = cfg.server
+    if not s.request_log:
+        return None
+    try:
+        return RequestLog(s.request_log, s.request_log_bytes)
+    except OSError as e:
+        raise StartupError(f"server.request_log {s.request_log}: cannot open: {e.strerror or e}", exit_code=2) \
+            from None
 
 
 def _now_keys(old: Config, new: Config) -> list[str]:

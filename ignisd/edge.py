@@ -189,13 +189,15 @@ class Edge:
     default_max_tokens: used when a request gives none (capped at what the context leaves).
     developer_policy: server.developer_message_policy. metrics: ignisd.metrics.Metrics or None.
     output_family: how chat output is split into content / reasoning / tool calls ("qwen3_5", "qwen3", "none").
+    canonicalize_tools: server.canonicalize_tools (ignisd.prompt.Prompts).
     """
 
     def __init__(self, engine, tokenizer, template, *, model_info: dict, context_tokens: int,
-                 default_max_tokens: int, developer_policy: str, metrics=None, output_family: str = "none"):
+                 default_max_tokens: int, developer_policy: str, metrics=None, output_family: str = "none",
+                 canonicalize_tools: bool = False):
         self.engine = engine
         self.tok = tokenizer
-        self.prompts = Prompts(tokenizer, template, developer_policy)
+        self.prompts = Prompts(tokenizer, template, developer_policy, canonicalize_tools)
         self.model_info = model_info
         self.context_tokens = context_tokens
         self.default_max_tokens = default_max_tokens
@@ -222,7 +224,7 @@ class Edge:
             max_tokens = max(1, min(self.default_max_tokens, self.context_tokens - prompt_len))
         return SamplingParams(
             max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
-            seed=s.seed, stop_token_ids=frozenset(self.tok.stop_token_ids),
+            seed=s.seed, stop_token_ids=frozenset() if s.ignore_eos else frozenset(self.tok.stop_token_ids),
             logprobs=bool(op.logprobs), top_logprobs=op.top_logprobs or 0)
 
     def _generation(self, op, rid: str, prompt: Prompt, parser) -> Generation:
@@ -319,8 +321,12 @@ class Edge:
                         reuse, message, tuple(logprobs) if gen.logprobs else None, ev.prompt_logprobs)
 
     # ---- the other ops ----
-    def tokenize(self, op) -> dict:
-        """The `tokenize` op's result (see Prompts.tokenize)."""
+    def tokenize(self, op, strip_billing: bool = True) -> dict:
+        """The `tokenize` op's result (see Prompts.tokenize); an op with ``api`` + ``body`` (an HTTP front's body)
+        is mapped as that front maps it (ignisd.fronts.bodies; strip_billing: server.strip_billing_header)."""
+        if getattr(op, "api", None) is not None:
+            from ignisd.fronts.bodies import tokenize_body
+            return tokenize_body(self.prompts, op.api, op.body, strip_billing, op.add_generation_prompt, op.id)
         return self.prompts.tokenize(op)
 
     def detokenize(self, ids: list[int], field: str = "tokens") -> str:

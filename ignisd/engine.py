@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 from ignisd.disk_traffic import DiskTraffic
@@ -46,6 +47,7 @@ class Engine:
         self.rounds = 0
         self.integrity_checks = 0
         self.integrity_failures = 0
+        self.bookkeeping_failures = 0
         # lifecycle hook (ignisd.health.Heartbeat): beat() after every round, on waking, and every idle_wait_s
         # seconds while idle, so the systemd watchdog and `health` see the loop itself make progress
         self.heartbeat = None
@@ -144,7 +146,16 @@ class Engine:
                 self._counted[key] = counts[key]
 
     async def run(self) -> None:
-        """The round loop; returns after stop()."""
+        """The round loop; returns after stop(). Should it end by an exception (one it could not contain), every
+        request in flight first gets an ``internal`` error, so no client waits on a loop that is gone."""
+        try:
+            await self._run()
+        except Exception as e:
+            for rid in list(self._handles):
+                self._handles.pop(rid).put_nowait(ErrorEvent(rid, "internal", f"the engine stopped: {e!r}", None))
+            raise
+
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         checked = True
         while not self._stopping:
@@ -165,7 +176,11 @@ class Engine:
                     await self._sleep()
                 continue
             checked = False
-            plan = self.scheduler.schedule()
+            try:
+                plan = self.scheduler.schedule()
+            except Exception as e:          # a bookkeeping bug: fail what is queued and running, keep serving
+                self._bookkeeping_failed("schedule", e, None)
+                continue
             if plan.empty:
                 self._wake.clear()
                 await self._sleep()
@@ -176,14 +191,17 @@ class Engine:
             except Exception as e:  # a failed forward fails only the requests in it
                 log.error("round_failed", error=repr(e))
                 self.scheduler.fail_round(plan)
-                for rid in dict.fromkeys([it.seq_id for it in plan.items] + [mv.state_id for mv in plan.moves]):
-                    for ev in self.scheduler.cancel(rid, FinishReason.CANCELLED):
-                        self._emit(ErrorEvent(ev.rid, "internal", f"forward pass failed: {e!r}", None))
+                self._fail([it.seq_id for it in plan.items] + [mv.state_id for mv in plan.moves],
+                           f"forward pass failed: {e!r}")
                 continue
             self.rounds += 1
             if self.heartbeat is not None:
                 self.heartbeat.beat()
-            events = self.scheduler.update(plan, result.items)
+            try:
+                events = self.scheduler.update(plan, result.items)
+            except Exception as e:          # a bookkeeping bug: fail the round's requests, keep serving
+                self._bookkeeping_failed("update", e, plan)
+                continue
             self.disk.written_out(result.snapshots)
             if self.metrics is not None:
                 for rs in plan.restores:
@@ -199,6 +217,27 @@ class Engine:
                 self._emit(ev)
             await asyncio.sleep(0)  # let the server write what this round produced
         self._executor.shutdown(wait=True)
+
+    def _fail(self, rids, message: str) -> None:
+        """End each of `rids` (once each, in order) with an ``internal`` error naming `message`."""
+        for rid in dict.fromkeys(rids):
+            for ev in self.scheduler.cancel(rid, FinishReason.CANCELLED):
+                self._emit(ErrorEvent(ev.rid, "internal", message, None))
+
+    def _bookkeeping_failed(self, where: str, e: Exception, plan: RoundPlan | None) -> None:
+        """scheduler.schedule() or .update() raised (a bug in the control plane, not a bad request): log it with its
+        traceback, fail the round's requests (every queued and running one when no plan was made, since the one
+        that trips it would trip it again), and let the loop go on; the idle integrity check then says whether the
+        accounting survived. A failure while failing them propagates (the host restarts the engine)."""
+        log.error("round_bookkeeping_failed", where=where, error=repr(e),
+                  traceback="".join(traceback.format_exception(e)).replace("\n", " | "))
+        self.bookkeeping_failures += 1
+        if plan is not None:
+            self.scheduler.fail_round(plan)
+            rids = [it.seq_id for it in plan.items]
+        else:
+            rids = [s.rid for s in list(self.scheduler.running) + list(self.scheduler.waiting)]
+        self._fail(rids, f"internal error in the scheduler ({where}): {e!r}")
 
     async def flush_to_disk(self, deadline: float) -> int:
         """Shutdown with KV-disk on: write the retained states not yet on disk, highest rank first, until `deadline`

@@ -189,7 +189,10 @@ class ModelHost:
         self.current, self._engine_task = None, None
         loaded.engine.stop()
         if task is not None:
-            await task
+            try:
+                await task
+            except Exception as e:               # it had died already (the monitor unloads a dead engine)
+                log.error("engine_failed", error=repr(e))
         # KV-disk on: the retained states outlive the model (stop, idle unload, reload): written first, by rank
         await loaded.engine.flush_to_disk(asyncio.get_running_loop().time() + FLUSH_S)
         loaded.close()
@@ -259,6 +262,14 @@ class ModelHost:
         while True:
             idle_s = self.cfg.server.idle_unload_s
             now = time.monotonic()
+            task = self._engine_task
+            if self.state is State.READY and task is not None and task.done():
+                # the round loop ended by itself (an error it could not contain): its requests cannot finish;
+                # unload it (they get an error at the unload) and the next request loads a fresh one
+                err = task.exception() if not task.cancelled() else None
+                log.error("engine_stopped", error=repr(err))
+                await self.unload("the engine stopped")
+                continue
             if self.busy():
                 self.last_active = now
             if self.state is not State.READY:

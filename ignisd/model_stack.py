@@ -66,7 +66,8 @@ class LoadPlan:
         """The `status.model` fields known before the weights load (page and state bytes are 0 until then)."""
         spec = self.source.spec
         return {"name": spec.name, "arch": spec.arch, "kv_format": self.kv_format, "context_tokens": self.context,
-                "page_tokens": PAGE_TOKENS, "page_bytes": 0, "state_bytes": 0}
+                "page_tokens": PAGE_TOKENS, "page_bytes": 0, "state_bytes": 0,
+                "prefill_tokens_per_s": 0.0}
 
 
 def preflight(cfg: Config) -> LoadPlan:
@@ -140,10 +141,11 @@ class ModelStack:
                                      needs_slot=bool(state_buffers), interactive_ttl=rc.retained_interactive_ttl,
                                      kv_format=fmt)
         runner = Runner(self.loaded.model, self.kv, self.states, retained_states)
+        prefill_rate = measure_prefill(runner, self.kv, self.states)
         try:
             self.tier_setup = build_tiers(cfg, self.kv.page_bytes, fmt.bytes_per_token(spec),
                                           transfer.image_layout(self.states) if self.states is not None else (),
-                                          measure_prefill(runner, self.kv, self.states))
+                                          prefill_rate)
         except OSError as e:
             raise StartupError(f"kv.disk_dir {cfg.kv.disk_dir!r}: {e}", exit_code=2) from None
         runner.arena = self.tier_setup.arena
@@ -161,11 +163,13 @@ class ModelStack:
             metrics.set_pool(pages, 0, self.kv.page_bytes)
         self.model_info = {"name": spec.name, "arch": spec.arch, "kv_format": self.kv_format,
                            "context_tokens": self.context, "page_tokens": PAGE_TOKENS,
-                           "page_bytes": self.kv.page_bytes, "state_bytes": state_bytes}
+                           "page_bytes": self.kv.page_bytes, "state_bytes": state_bytes,
+                           "prefill_tokens_per_s": round(prefill_rate, 1)}   # measured at load (one page)
         self.edge = Edge(self.engine, tk, self.template, model_info=self.model_info, context_tokens=self.context,
                          default_max_tokens=cfg.server.default_max_tokens,
                          developer_policy=cfg.server.developer_message_policy, metrics=metrics,
-                         output_family=OUTPUT_FAMILIES.get(spec.arch, "none"))
+                         output_family=OUTPUT_FAMILIES.get(spec.arch, "none"),
+                         canonicalize_tools=cfg.server.canonicalize_tools)
         log.info("vram_plan", model=spec.name, model_bytes=self.loaded.weight_bytes, kv_format=self.kv_format,
                  kv_format_why=plan.kv_why, kv_stamp=fmt.stamp, page_bytes=self.kv.page_bytes, kv_pool_pages=pages,
                  kv_pool_tokens=pages * PAGE_TOKENS,

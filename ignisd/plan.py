@@ -89,7 +89,8 @@ class PlanItem:
     phase: "prefill" | "decode". logits: "last" | "all" (prompt_logprobs) | "none". sample: draw the next token from
     the last row with `sampling` (a per-request generator keyed by seq_id). prompt_logprobs: K of the request's
     prompt_logprobs (None: off); targets: for logits "all", the prompt token each row predicts (positions
-    start+1 … start+len, at most the prompt's end). capture: a CaptureOp to run after this item's pass, or None.
+    start+1 … start+len, at most the prompt's end). captures: the CaptureOps to run after this item's pass (at most one
+    on a hybrid, at the item's end; on an attention-only model in an exact format any capture point the item covers).
     """
 
     seq_id: str
@@ -103,7 +104,7 @@ class PlanItem:
     sampling: SamplingParams
     prompt_logprobs: int | None = None
     targets: tuple[int, ...] = ()
-    capture: CaptureOp | None = None
+    captures: tuple[CaptureOp, ...] = ()
 
 
 @dataclass(frozen=True)

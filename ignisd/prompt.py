@@ -16,6 +16,7 @@ from ignisd.request import ReuseInfo
 from ignisd.text.chat_template import prepare_messages
 from ignisd.text.segments import CutPoints, cut_points
 from ignisd.text.spans import message_at_char, message_spans
+from ignisd.text.tool_canon import canonical_tools
 
 log = get_logger("srv")
 
@@ -74,13 +75,21 @@ class Prompts:
     """Builds prompts for one tokenizer and chat template.
 
     tokenizer: ignisd.text.tokenizer.Tokenizer. template: ChatTemplate, or None when the model has none.
-    developer_policy: server.developer_message_policy.
+    developer_policy: server.developer_message_policy. canonicalize_tools: server.canonicalize_tools (tools sorted by
+    name and schema keys sorted before rendering: ignisd.text.tool_canon); both may change while serving (SIGHUP).
     """
 
-    def __init__(self, tokenizer, template, developer_policy: str):
+    def __init__(self, tokenizer, template, developer_policy: str, canonicalize_tools: bool = False):
         self.tok = tokenizer
         self.template = template
         self.developer_policy = developer_policy
+        self.canonicalize_tools = canonicalize_tools
+
+    def tools(self, op) -> list | None:
+        """The tools of a chat op as the template gets them (canonical under server.canonicalize_tools); None for
+        none."""
+        tools = op.tools or None
+        return canonical_tools(tools) if self.canonicalize_tools else tools
 
     def _messages(self, op) -> list[dict]:
         if self.template is None:
@@ -118,7 +127,7 @@ class Prompts:
 
     def _render(self, msgs, op, add_generation_prompt: bool, kwargs: dict) -> str:
         try:
-            return self.template.render(msgs, tools=op.tools or None, add_generation_prompt=add_generation_prompt,
+            return self.template.render(msgs, tools=self.tools(op), add_generation_prompt=add_generation_prompt,
                                         **kwargs)
         except Exception as e:  # jinja2 raise_exception() and template errors are the request's fault
             raise P.ProtocolError("bad_request", f"chat template: {e}", "messages") from None
@@ -135,7 +144,7 @@ class Prompts:
         """Render, tokenize with offsets, and find the cut points (DESIGN §4.3) of a chat body."""
         msgs, kwargs, text = self.render(op)
         ids, offsets = self.tok.encode_with_offsets(text)
-        tools = op.tools or None
+        tools = self.tools(op)
         spans = self._spans(msgs, text, tools, kwargs, "cuts")
         cuts = cut_points(text, ids, offsets, spans) if spans is not None else None
         return Prompt(ids, text, offsets, msgs, tools, kwargs, cuts)
@@ -164,7 +173,7 @@ class Prompts:
         ids, offsets = self.tok.encode_with_offsets(text)
         out = {"tokens": ids, "offsets": [list(o) for o in offsets], "text": text}
         if op.text is None:
-            spans = self._spans(msgs, text, op.chat.tools or None, kwargs, None, op.add_generation_prompt)
+            spans = self._spans(msgs, text, self.tools(op.chat), kwargs, None, op.add_generation_prompt)
             if spans is None:
                 out["messages"] = [{"role": str(m.get("role")), "start": None, "end": None} for m in msgs]
                 out["cut_points"] = {"publish": 0, "opener": None}

@@ -142,10 +142,7 @@ class Runner:
                 n = {"last": 1, "all": len(it.token_ids), "none": 0}[it.logits]
                 results[i] = self._item_result(it, logits[row:row + n])
                 row += n
-            for it in items:               # captures at the end of this pass's chunks
-                cap = it.capture
-                if cap is None:
-                    continue
+            for cap in (c for it in items for c in it.captures):   # captures at the end of this pass's chunks
                 if cap.copy_page is not None:
                     self.kv.copy_pages([cap.src_page], [cap.copy_page])
                 if cap.slot is not None and self.states is not None:

@@ -132,7 +132,8 @@ class Scheduler:
             s.resume = s.computed = adm.resumed
             s.reuse = self._reuse_info(req, adm.match)
             s.plan = plan_traversals(adm.resumed, req.publish, req.opener, len(req.prompt_ids),
-                                     chunk_tokens=self.chunk, page_tokens=self.cache.page_tokens)
+                                     chunk_tokens=self.chunk, page_tokens=self.cache.page_tokens,
+                                     split=not self.cache.free_captures)
             m = self.metrics
             if m is not None and adm.match is not None:
                 m.reuse_lookups.inc()
@@ -195,22 +196,29 @@ class Scheduler:
     def _capturing(self, s: Sequence) -> bool:
         return self.cache.reuse_enabled and s.req.cache_prompt and s.req.prompt_logprobs is None
 
-    def _reserve_capture(self, s: Sequence, end: int) -> CaptureOp | None:
-        c = s.plan.capture_at(end) if s.plan is not None and self._capturing(s) else None
-        if c is None:
-            return None
-        got = self.cache.plan_capture(s.rid, c.kind, s.req.prompt_ids[:end], priority=s.req.priority,
-                                      after_user=c.kind == "checkpoint" and s.req.after_user)
-        if isinstance(got, str):
-            if self.metrics is not None:
-                self.metrics.reuse_captures_skipped.labels(reason=got).inc()
-            if got == "no_slot" and s.reuse is not None and s.reuse.reason == "miss":
-                s.reuse = replace(s.reuse, reason="no_slot")
-            return None
-        return got
+    def _reserve_captures(self, s: Sequence, start: int, end: int) -> tuple[CaptureOp, ...]:
+        """Reserve the captures of the chunk [start, end) of `s` (``TraversalPlan.captures_in``): one at `end` with
+        split traversals, any the chunk covers on an attention-only model in an exact format."""
+        if s.plan is None or not self._capturing(s):
+            return ()
+        out = []
+        for c in s.plan.captures_in(start, end):
+            got = self.cache.plan_capture(s.rid, c.kind, s.req.prompt_ids[:c.pos], priority=s.req.priority,
+                                          after_user=c.kind == "checkpoint" and s.req.after_user)
+            if isinstance(got, str):
+                self._capture_skipped(s, got)
+            else:
+                out.append(got)
+        return tuple(out)
+
+    def _capture_skipped(self, s: Sequence, why: str) -> None:
+        if self.metrics is not None:
+            self.metrics.reuse_captures_skipped.labels(reason=why).inc()
+        if why == "no_slot" and s.reuse is not None and s.reuse.reason == "miss":
+            s.reuse = replace(s.reuse, reason="no_slot")
 
     def _item(self, s: Sequence, start: int, ids: list[int], logits: str, sample: bool,
-              capture: CaptureOp | None = None) -> PlanItem:
+              captures: tuple[CaptureOp, ...] = ()) -> PlanItem:
         """The plan value of one slice of `s` (token ids, pages and sampling copied out of the live sequence)."""
         req = s.req
         targets = ()
@@ -218,7 +226,7 @@ class Scheduler:
             targets = tuple(req.prompt_ids[start + 1:start + len(ids) + 1])
         return PlanItem(s.rid, start, tuple(ids), tuple(s.pages), s.slot,
                         PREFILL if s.state is SeqState.PREFILL else DECODE, logits, sample, req.sampling,
-                        req.prompt_logprobs, targets, capture)
+                        req.prompt_logprobs, targets, captures)
 
     def schedule(self) -> RoundPlan:
         """Admit what fits, then plan one round: a decode token per decoding lane and whole prefill chunks up to the
@@ -244,10 +252,10 @@ class Scheduler:
                 budget -= end - pos
                 last = end == n and not s.recompute       # a recompute's next token is already known
                 want = "all" if s.req.prompt_logprobs is not None else ("last" if last else "none")
-                cap = self._reserve_capture(s, end) if not s.recompute else None
-                items.append(self._item(s, pos, ids[pos:end], want, last, cap))
+                caps = self._reserve_captures(s, pos, end) if not s.recompute else ()
+                items.append(self._item(s, pos, ids[pos:end], want, last, caps))
                 pos = end
-                if cap is not None:
+                if caps and not self.cache.free_captures:
                     break      # the image is taken at `end`: this sequence runs no further chunk this round
             if budget <= 0:
                 break
@@ -258,7 +266,7 @@ class Scheduler:
         rest = len(s.prefill_ids) - s.computed
         if rest > budget:
             return False
-        return not (self._capturing(s) and any(c.pos > s.computed for c in s.plan.captures))
+        return self.cache.free_captures or not (self._capturing(s) and any(c.pos > s.computed for c in s.plan.captures))
 
     def _first_token_round(self, prefills: list[Sequence]) -> list[Sequence]:
         """The prefills this round runs (head-of-line blocking, DESIGN §6 server.round_prefill_tokens).
@@ -337,6 +345,7 @@ class Scheduler:
     def _finish(self, s: Sequence, reason: FinishReason, now: float | None = None) -> DoneEvent:
         now = now or time.monotonic()
         if s in self.running:
+            self._retain_sequence(s, reason)
             self.running.remove(s)
         elif s.admitted_at is None:    # ended while queued: it never looked anything up
             s.reuse = self._queued_reuse_info(s.req)
@@ -358,6 +367,23 @@ class Scheduler:
             prefill_tokens_per_s=(s.prefilled / prefill_s) if prefill_s > 0 else 0.0,
             decode_tokens_per_s=((gen - 1) / decode_s) if decode_s > 0 and gen > 1 else 0.0,
             prompt_logprobs=s.prompt_logprobs, reuse=s.reuse)
+
+    def _retain_sequence(self, s: Sequence, reason: FinishReason) -> None:
+        """On an attention-only model in an exact format, a request that ended by stop or length leaves its whole
+        sequence (prompt + generated tokens whose K/V are in its pages) retained, ranked below its checkpoint
+        (DESIGN §4.3): a continuation that sends the reply back byte for byte resumes past it."""
+        if not (self.cache.free_captures and self._capturing(s) and reason in (FinishReason.STOP, FinishReason.LENGTH)
+                and s.state is SeqState.DECODE and not (s.evicting or s.evicted or s.recompute)):
+            return
+        if s.computed <= len(s.req.prompt_ids) or self._is_short(s.req):
+            return                    # no generated token reached the pages: the prompt's own captures cover it
+        tokens = (s.req.prompt_ids + s.output)[:s.computed]
+        got = self.cache.retain_sequence(s.rid, tokens, priority=s.req.priority)
+        if isinstance(got, str):
+            if self.metrics is not None:
+                self.metrics.reuse_captures_skipped.labels(reason=got).inc()
+        elif self.metrics is not None and not got.duplicate:
+            self.metrics.reuse_captures.labels(kind=got.state.kind).inc()
 
     # ---- introspection ----
     def idle(self) -> bool:

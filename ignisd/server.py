@@ -167,6 +167,7 @@ class Connection:
                                                    f"(server.max_inflight_per_connection = "
                                                    f"{self.server.max_inflight})", None))
             return
+        self.server.front.log_request(obj, op)
         task = asyncio.create_task(self._run_op(op))
         self.inflight[op.id] = task
 

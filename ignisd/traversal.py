@@ -63,25 +63,35 @@ class TraversalPlan:
                 return min(b, pos + self.chunk_tokens)
         raise ValueError(f"{pos} is outside [{self.resume}, {self.end})")
 
+    def captures_in(self, start: int, end: int) -> list[Capture]:
+        """The captures taken by the chunk [start, end): those whose position p has start < p <= end. With split
+        traversals that is at most the capture at ``end``."""
+        return [c for c in self.captures if start < c.pos <= end]
+
     def capture_at(self, pos: int) -> Capture | None:
         """The capture taken once tokens [0, pos) are prefilled, or None."""
         return next((c for c in self.captures if c.pos == pos), None)
 
 
 def plan_traversals(resume: int, publish: int | None, opener: int | None, n: int, *, chunk_tokens: int,
-                    page_tokens: int = PAGE_TOKENS, min_gap: int | None = None) -> TraversalPlan:
+                    page_tokens: int = PAGE_TOKENS, min_gap: int | None = None, split: bool = True) -> TraversalPlan:
     """Capture points and prefill traversals of a prompt of ``n`` tokens resumed at ``resume`` (0 = cold).
 
     publish (→ a retained "prefix") and opener (→ a "checkpoint") are the cut points (0/None: none). A point is
     skipped when the request resumed at or past it, when it is less than ``min_gap`` (default one page) past the
     previous capture or the resume point, or when it is at or past ``n`` (the last traversal must hold the tokens
     whose logits are sampled). Raises ValueError unless 0 <= resume < n and chunk_tokens >= 1.
+
+    split=False is the attention-only rule in an exact format (DESIGN §4.3): a capture needs no traversal of its
+    own, so [resume, n) is one traversal whatever the captures, and a point is kept whenever it lies past the
+    previous one (min_gap 1 unless given): every opener leaves its checkpoint. A point under one page is skipped
+    in both modes (too_close).
     """
     if not 0 <= resume < n:
         raise ValueError(f"resume {resume} outside [0, {n})")
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    gap = page_tokens if min_gap is None else min_gap
+    gap = (page_tokens if split else 1) if min_gap is None else min_gap
     captures: list[Capture] = []
     skipped: list[Skipped] = []
     prev = resume
@@ -92,11 +102,11 @@ def plan_traversals(resume: int, publish: int | None, opener: int | None, n: int
             skipped.append(Skipped(pos, kind, SKIP_RESUMED_PAST))
         elif pos >= n:
             skipped.append(Skipped(pos, kind, SKIP_AT_END))
-        elif pos - prev < gap:
+        elif pos - prev < gap or pos < page_tokens:
             skipped.append(Skipped(pos, kind, SKIP_TOO_CLOSE))
         else:
             captures.append(Capture(pos, kind))
             prev = pos
-    cuts = [resume] + [c.pos for c in captures] + [n]
+    cuts = [resume] + ([c.pos for c in captures] if split else []) + [n]
     traversals = tuple((cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1))
     return TraversalPlan(resume, n, chunk_tokens, tuple(captures), tuple(skipped), traversals)

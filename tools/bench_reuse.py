@@ -19,8 +19,9 @@ which is what ``--reuse-prompt off`` does to every request. Sections (--sections
   assistant tool call + a tool result of 150-300 tokens, every 4th turn a plain answer + user message instead; plain
   assistant + user turns when the template renders no tools), each prompt sent with max_tokens 1; the model's own
   output is never used. cached / prompt tokens per turn and their mean from turn 2 on. Aim: >= 0.9 from turn 2.
-- tax: the three-traversal tax: TTFT of a cold ~1K chat prompt (split at its cut points) against the same token
-  ids sent as a completion (one traversal), both cold.
+- tax: the three-traversal tax: TTFT of a cold ~1K chat prompt that takes its captures (split at its cut points
+  on a hybrid; one traversal on an attention-only model, DESIGN §4.3) against the same token ids sent as a
+  completion (one traversal, no capture), both cold.
 - hol: head-of-line blocking, one fresh daemon per round prefill budget B of --hol-budgets: TTFT of a resumed turn 2
   on the idle daemon (median of 3), then sent while a different ~8K-token cold prompt (~1,900 on a 2,048 context)
   is in prefill, when it is 5%, 35% and 70% through; "one round" = that prefill's round in flight when the probe
@@ -253,13 +254,16 @@ def section_replay(b: Bench, turns: int = 20) -> None:
 
 
 def section_tax(b: Bench, repeat: int) -> None:
-    """The chat and the completion of the same ids alternate (the machine drifts): median of max(5, repeat) each."""
+    """The chat and the completion of the same ids alternate (the machine drifts): median of max(5, repeat) each.
+    The chat runs with reuse on after a ``reset`` (cold, and it takes its captures, as a real first request does);
+    the completion with cache_prompt false (one traversal, no capture)."""
     t = b.conversation_of(1024, 7)
     tk = b.tokenize(t)
     ids = tk["tokens"]
     split, one = [], []
     for _ in range(max(5, repeat)):
-        split.append(ttft(b.chat(t, cache_prompt=False)))
+        b.call({"op": "reset"})
+        split.append(ttft(b.chat(t)))
         one.append(ttft(b.call({"op": "completion", "prompt": ids, "max_tokens": 1, "temperature": 0,
                                 "cache_prompt": False})))
     s, o = statistics.median(split), statistics.median(one)

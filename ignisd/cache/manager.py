@@ -24,7 +24,7 @@ from ignisd.cache.disk_states import DiskStates
 from ignisd.cache.live_eviction import LiveEviction
 from ignisd.cache.tiers import Tiers
 from ignisd.plan import CaptureOp, RestoreOp, RoundPlan, TierMove
-from ignisd.vocab import DEVICE, DISK, RAM, SLOT_TIERS
+from ignisd.vocab import CHECKPOINT, DEVICE, DISK, RAM, SLOT_TIERS
 
 REFUSED_REUSE_OFF = "reuse_off"
 
@@ -138,6 +138,15 @@ class CacheManager(DiskStates, LiveEviction):
         """A capture can ever be retained: the model keeps no image, or some retained slot exists."""
         r = self.retained
         return r is not None and (not r.needs_slot or any(p.total for p in r.slot_pools.values()))
+
+    @property
+    def free_captures(self) -> bool:
+        """Captures cost no traversal (DESIGN §4.3): reuse is on, the model keeps no per-sequence image and the KV
+        format is exact (no exact window: every position's K/V in the pages is final once written). Then prefill is
+        not split at cut points, every opener is kept and a finished request keeps its whole sequence."""
+        r = self.retained
+        exact = self.kv_format is None or self.kv_format.exact_window_pages is None
+        return r is not None and not r.needs_slot and exact
 
     # ---------------------------------------------------------------- admission
     def peek(self, prompt: Sequence[int]) -> int:
@@ -256,6 +265,28 @@ class CacheManager(DiskStates, LiveEviction):
         self._captures[t.id] = (seq_id, t, copy)
         return CaptureOp(t.id, seq_id, pos, kind, t.slot_tier, t.slot, self._slot.get(seq_id), src, copy)
 
+    def retain_sequence(self, seq_id: str, tokens: Sequence[int], *, priority) -> CommitResult | str:
+        """Keep the whole sequence of `seq_id`, which has ended, as a retained checkpoint of `tokens` (its prompt and
+        generated tokens whose K/V are in its pages), ranked below every current state (``reserve_capture(whole=
+        True)``). Only under ``free_captures``: its pages are final and no longer written, so the partial last page
+        is shared, not copied. Call before ``release(seq_id)``. Returns the CommitResult, or the refusal
+        ("duplicate", "reuse_off"). Raises KeyError for a sequence that holds no pages, ValueError when captures
+        are not free or `tokens` exceed its pages."""
+        if self.retained is None:
+            return REFUSED_REUSE_OFF
+        if not self.free_captures:
+            raise ValueError("retain_sequence needs an attention-only model in an exact KV format")
+        pages = self._live[seq_id]
+        n = len(tokens)
+        if self.pages_for(n) > len(pages):
+            raise ValueError(f"{n} tokens need {self.pages_for(n)} pages, sequence {seq_id} holds {len(pages)}")
+        t = self.retained.reserve_capture(CHECKPOINT, tokens, priority=priority, after_user=False, whole=True)
+        if not t.ok:
+            return t.refused
+        keep = list(pages[:self.pages_for(n)])
+        self.pool.incref(keep)
+        return self.retained.commit(t, keep)
+
     def _abort(self, ticket_id: str) -> None:
         _, t, copy = self._captures.pop(ticket_id)
         if copy is not None:
@@ -290,9 +321,8 @@ class CacheManager(DiskStates, LiveEviction):
                     st.placement.payload = None         # read back for this restore: its file is the copy
                 self.retained.unpin(rs.state_id)
         out = []
-        for it in plan.items:
-            cap = it.capture
-            if cap is None or cap.ticket_id not in self._captures:
+        for cap in (c for it in plan.items for c in it.captures):
+            if cap.ticket_id not in self._captures:
                 continue
             if failed:
                 self._abort(cap.ticket_id)

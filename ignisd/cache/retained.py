@@ -155,13 +155,15 @@ class RetainedStore:
 
     def reserve_capture(self, kind: str, tokens: Sequence[int], image_spans: Iterable[Sequence] = (), *,
                         priority="interactive", after_user: bool = False,
-                        stamp: Stamp | None = None) -> CaptureTicket:
+                        stamp: Stamp | None = None, whole: bool = False) -> CaptureTicket:
         """Phase 1 of a capture of ``kind`` after ``tokens``. See the module docstring.
 
         A state of the same kind, content and stamp already retained: refused "duplicate" (its last use is
         refreshed, and an interactive capture promotes it to interactive). On a hybrid: a free retained slot, device
         first, else the slot of the lowest-ranked unpinned state ranking below the new one (dropped:
-        ``ticket.dropped``), else refused "no_slot".
+        ``ticket.dropped``), else refused "no_slot". whole: a finished request's whole sequence (attention-only,
+        exact format): committed superseded (ranked below every current state, DESIGN §4.3), and it supersedes
+        nothing.
         Raises ValueError for an unknown kind or priority, or malformed image spans.
         """
         if kind not in KINDS:
@@ -170,7 +172,8 @@ class RetainedStore:
         spans = normalize_spans(image_spans, len(tokens))
         stamp = stamp or self.stamp
         self._next += 1
-        t = CaptureTicket(f"ret-{self._next}", kind, tokens, spans, _priority(priority), bool(after_user), stamp)
+        t = CaptureTicket(f"ret-{self._next}", kind, tokens, spans, _priority(priority), bool(after_user), stamp,
+                          whole=whole)
         now = self.clock()
         same = self._find(kind, tokens, spans, stamp)
         if same is not None:
@@ -239,7 +242,8 @@ class RetainedStore:
         s = RetainedState(ticket.id, ticket.kind, ticket.tokens, ticket.image_spans, placement, ticket.priority,
                           now, now, ticket.stamp, after_user=ticket.after_user)
         older = []
-        if s.kind == "checkpoint":
+        s.superseded = s.whole = ticket.whole
+        if s.kind == "checkpoint" and not ticket.whole:
             older = [self._states[m.state_id] for m in self.index.matches(s.tokens, s.image_spans)]
             older = [o for o in older if o.kind == "checkpoint" and o.stamp == s.stamp]
         self._states[s.id] = s

@@ -50,7 +50,8 @@ class RetainedState:
     superseded: a newer checkpoint of the same conversation replaced it as one of the two it keeps ranked high; it
     stays (a fork, an edit or a regeneration still resumes at it) but ranks below every state that is not
     superseded (DESIGN §4.4). pins: lookups restoring from it (a pinned state is never dropped). doomed: dropped
-    while pinned: out of the index, freed at the last unpin.
+    while pinned: out of the index, freed at the last unpin. whole: a finished request's whole sequence (attention-only,
+    exact format, DESIGN §4.3): superseded from the start, and dropped rather than moved down a tier.
     """
 
     id: str
@@ -66,6 +67,7 @@ class RetainedState:
     superseded: bool = False
     pins: int = 0
     doomed: bool = False
+    whole: bool = False
 
     @property
     def n_tokens(self) -> int:
@@ -102,7 +104,8 @@ class RetainedState:
 class CaptureTicket:
     """The answer of ``reserve_capture``. refused: None, "no_slot" or "duplicate" (then nothing is held and the
     ticket needs neither commit nor abort). slot / slot_tier: the retained slot the runner copies the image into.
-    dropped: ids of the states dropped to free that slot."""
+    dropped: ids of the states dropped to free that slot. whole: a finished request's whole sequence (committed
+    superseded: ranked lowest, supersedes nothing)."""
 
     id: str
     kind: str
@@ -115,6 +118,7 @@ class CaptureTicket:
     slot_tier: str | None = None
     refused: str | None = None
     dropped: list[str] = field(default_factory=list)
+    whole: bool = False
 
     @property
     def ok(self) -> bool:

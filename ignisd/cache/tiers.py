@@ -96,15 +96,15 @@ class Tiers:
     # ---------------------------------------------------------------- retained states
     def make_device_room(self, mgr, pages: int) -> list[str]:
         """Free device pages until `pages` are free: the lowest-ranked unpinned device-resident retained state moves
-        to KV-RAM (or, with no arena, to KV-disk), or is dropped when neither can take it. Returns the ids moved
-        or dropped."""
+        to KV-RAM (or, with no arena, to KV-disk), or is dropped when neither can take it; a whole sequence (its pages
+        mostly shared with its checkpoint, DESIGN §4.3) is dropped. Returns the ids moved or dropped."""
         store, done = mgr.retained, []
         while mgr.pool.free < pages and store is not None:
             v = store.victim(tier=DEVICE)
             if v is None:
                 break
             done.append(v.id)
-            if not (self._to_ram(mgr, v) or self._to_disk(mgr, v)):
+            if v.whole or not (self._to_ram(mgr, v) or self._to_disk(mgr, v)):
                 store.drop(v.id)
                 self.counts["dropped"] += 1
         return done
@@ -123,7 +123,7 @@ class Tiers:
             w = store.victim(tier=RAM, below=below) if store is not None else None
             if w is None:
                 return False
-            if not self._to_disk(mgr, w):
+            if w.whole or not self._to_disk(mgr, w):
                 store.drop(w.id)
                 self.counts["dropped"] += 1
         return True

@@ -173,6 +173,7 @@ class AnthropicFront:
         edge = self.http.edge
         mid = new_id("msg_")
         body, op, paths = await self._chat(request, "chat", mid)
+        self.http.log_request("anthropic", request, body)
         try:
             gen = edge.prepare_chat(op, "h:" + mid)
         except P.ProtocolError as e:

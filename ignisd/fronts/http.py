@@ -36,12 +36,14 @@ class HttpFront:
 
     api_key: the configured key or None. strip_billing_header: server.strip_billing_header (Messages). max_body_bytes:
     server.max_line_bytes (a larger body is 413 too_long). metrics: ignisd.metrics.Metrics (error replies are counted)
-    or None. `edge` is None until `attach`.
+    or None. request_log: ignisd.request_log.RequestLog or None (every generation body is recorded, `log_request`).
+    `edge` is None until `attach`.
     """
 
     def __init__(self, *, api_key: str | None, strip_billing_header: bool = True, max_body_bytes: int = 16 * 2**20,
-                 metrics=None):
+                 metrics=None, request_log=None):
         self.edge = None
+        self.request_log = request_log
         self.api_key = api_key
         self.strip_billing_header = strip_billing_header
         self.max_body_bytes = max_body_bytes
@@ -125,6 +127,12 @@ class HttpFront:
         if key is None or not hmac.compare_digest(key.encode(), self.api_key.encode()):
             raise P.ProtocolError("auth", "missing or wrong API key (Authorization: Bearer KEY or x-api-key: KEY)",
                                   "api_key")
+
+    def log_request(self, front: str, request: web.Request, body: dict) -> None:
+        """Record a generation request's `body` (front: openai, anthropic or responses) in the request log, when
+        one is configured. Never blocks (RequestLog.record)."""
+        if self.request_log is not None:
+            self.request_log.record(front, body, request.path)
 
     # ---- health and metrics ----
     def _loading(self) -> bool:

@@ -77,10 +77,16 @@ def done_reply(rid: str, ev: EdgeDone) -> dict:
 
 
 class NdjsonFront:
-    """Answers the socket protocol's ops with `edge` (ignisd.edge.Edge); `answer` picks the op's method."""
+    """Answers the socket protocol's ops with `edge` (ignisd.edge.Edge); `answer` picks the op's method.
 
-    def __init__(self, edge: Edge):
+    strip_billing_header: server.strip_billing_header, for `tokenize` of an Anthropic body (as the HTTP front maps
+    it). request_log: ignisd.request_log.RequestLog or None; every chat and completion op is recorded there (front
+    ``socket``)."""
+
+    def __init__(self, edge: Edge, strip_billing_header: bool = True, request_log=None):
         self.edge = edge
+        self.strip_billing_header = strip_billing_header
+        self.request_log = request_log
         self._ops = {"chat": self.chat, "completion": self.completion, "tokenize": self.tokenize,
                      "detokenize": self.detokenize, "cancel": self.cancel, "health": self.health,
                      "status": self.status, "metrics": self.metrics, "reset": self.reset}
@@ -107,6 +113,12 @@ class NdjsonFront:
                 assert isinstance(ev, EdgeError)
                 await conn.send(P.error(op.id, ev.code, ev.message, ev.field))
 
+    def log_request(self, obj: dict, op) -> None:
+        """Record a parsed chat or completion request line `obj` (its envelope id and api_key left out) in the
+        request log, when one is configured; other ops are not recorded. Never blocks (RequestLog.record)."""
+        if self.request_log is not None and op.op in ("chat", "completion"):
+            self.request_log.record("socket", {k: v for k, v in obj.items() if k not in ("api_key", "id")})
+
     async def chat(self, conn, op) -> None:
         """`chat`: stream deltas when asked, then `done` (or an `error` from the engine)."""
         await self._generate(conn, op, self.edge.prepare_chat(op, conn.rid(op.id)))
@@ -116,8 +128,12 @@ class NdjsonFront:
         await self._generate(conn, op, self.edge.prepare_completion(op, conn.rid(op.id)))
 
     async def tokenize(self, conn, op) -> None:
-        """`tokenize` → tokens, offsets, text (and message spans and cut points for a chat body)."""
-        await conn.send(P.result(op.id, self.edge.tokenize(op)))
+        """`tokenize` → tokens, offsets, text (and message spans and cut points for a chat body; and the mapped
+        chat body for an HTTP front's body, ``api`` + ``body``)."""
+        if op.api is not None:
+            await conn.send(P.result(op.id, self.edge.tokenize(op, self.strip_billing_header)))
+        else:
+            await conn.send(P.result(op.id, self.edge.tokenize(op)))
 
     async def detokenize(self, conn, op) -> None:
         """`detokenize` → text."""

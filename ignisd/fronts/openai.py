@@ -169,6 +169,7 @@ class OpenAIFront:
     async def _generate(self, request: web.Request, op_name: str, prefix: str) -> web.StreamResponse:
         edge = self.http.edge
         body = await read_json(request, self.http.max_body_bytes)
+        self.http.log_request("openai", request, body)
         cid = new_id(prefix)
         op = parse_op(body, op_name, cid)
         include_usage = _include_usage(body)

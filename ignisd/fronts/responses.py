@@ -180,6 +180,7 @@ class ResponsesFront:
         """POST /v1/responses: the `chat` op, answered as a response object or its event stream."""
         edge = self.http.edge
         body = await read_json(request, self.http.max_body_bytes)
+        self.http.log_request("responses", request, body)
         rid = new_id("resp_")
         chat, paths = to_chat(body)
         try:

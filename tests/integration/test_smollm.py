@@ -30,6 +30,20 @@ def test_ignis_chat_answers_paris(smollm_daemon):
     smollm_daemon.wait_idle()
 
 
+def test_ignore_eos_runs_to_max_tokens(smollm_daemon):
+    """The greedy answer ends with <|im_end|> well before 48 tokens; with ignore_eos it runs to exactly 48."""
+    c = smollm_daemon.conn()
+    body = {"op": "chat", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "temperature": 0, "max_tokens": 48}
+    short = c.request(dict(body, id="e0"))
+    long = c.request(dict(body, id="e1", ignore_eos=True))
+    c.close()
+    assert short["finish_reason"] == "stop" and short["usage"]["completion_tokens"] < 48
+    assert long["finish_reason"] == "length" and long["usage"]["completion_tokens"] == 48
+    assert long["text"].startswith(short["text"])
+    smollm_daemon.wait_idle()
+
+
 def test_prompt_logprobs_match_transformers(smollm_daemon, hf_smollm):
     text = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
             "It is named after the engineer Gustave Eiffel, whose company designed and built the tower.")

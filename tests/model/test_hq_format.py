@@ -105,7 +105,7 @@ def test_a_retained_state_holds_only_encoded_pages(pos):
     cap = cm.plan_capture("a", "prefix", prompt[:pos], priority="interactive", after_user=False)
     assert cap.copy_page is None and cap.src_page is None and cap.slot is not None
     from ignisd.plan import PlanItem, RoundPlan
-    item = PlanItem("a", 0, tuple(prompt[:pos]), a.pages, a.slot, "prefill", "none", False, None, capture=cap)
+    item = PlanItem("a", 0, tuple(prompt[:pos]), a.pages, a.slot, "prefill", "none", False, None, captures=(cap,))
     (commit,) = cm.finish_round(RoundPlan((item,), (), ()))
     n_enc = fmt.encoded_pages(pos)
     assert list(commit.state.pages) == list(a.pages[:n_enc])

@@ -97,16 +97,16 @@ PROMPT = list(range(1000, 1300))                # 300 tokens: publish 128, opene
 
 
 def test_admission_chunking_capture_and_finish_on_exact_ids():
-    engine, runner = make()
+    engine, runner = make(hybrid=True)
 
     async def body(e):
         return await drain(e.submit(req("a", PROMPT, publish=128, opener=250, after_user=True)))
 
     events = run(engine, body)
-    # chunks restart at each cut point: [0,128) in 64s, [128,250) in 64s, then [250,300); at most 256 a round and the
-    # capture chunk is the sequence's last of its round
+    # a hybrid's chunks restart at each cut point: [0,128) in 64s, [128,250) in 64s, then [250,300); at most 256 a
+    # round and the capture chunk is the sequence's last of its round
     assert runner.chunks("a") == [(0, 64), (64, 64), (128, 64), (192, 58), (250, 50), (300, 1), (301, 1)]
-    rounds = [[(it.start, len(it.token_ids), it.capture.kind if it.capture else None) for it in p.items]
+    rounds = [[(it.start, len(it.token_ids), it.captures[0].kind if it.captures else None) for it in p.items]
               for p in runner.plans]
     assert rounds == [[(0, 64, None), (64, 64, "prefix")], [(128, 64, None), (192, 58, "checkpoint")],
                       [(250, 50, None)], [(300, 1, None)], [(301, 1, None)]]
@@ -125,7 +125,7 @@ def test_admission_chunking_capture_and_finish_on_exact_ids():
 
 
 def test_the_next_turn_resumes_at_the_checkpoint():
-    engine, runner = make()
+    engine, runner = make(hybrid=True)
     turn2 = PROMPT[:250] + list(range(5000, 5100))
 
     async def body(e):
@@ -174,7 +174,7 @@ def test_cancel_mid_prefill_and_stop_token():
 
 
 def test_a_failing_round_fails_only_its_requests_and_aborts_its_captures():
-    engine, runner = make(fail_at=1)            # the round holding the checkpoint capture raises
+    engine, runner = make(hybrid=True, fail_at=1)            # the round holding the checkpoint capture raises
 
     async def body(e):
         return await drain(e.submit(req("a", PROMPT, publish=128, opener=250)))
@@ -216,7 +216,7 @@ def test_hybrid_resume_restores_the_image_into_the_live_slot():
         return n
 
     n = run(engine, body)
-    caps = [it.capture for p in runner.plans[:n] for it in p.items if it.capture]
+    caps = [c for p in runner.plans[:n] for it in p.items for c in it.captures]
     assert [(c.kind, c.pos, c.slot_tier, c.src_slot) for c in caps] == [("prefix", 128, "host", 0),
                                                                         ("checkpoint", 250, "host", 0)]
     (rs,) = runner.plans[n].restores
@@ -287,3 +287,34 @@ def test_an_interactive_request_evicts_the_latest_agent_which_resumes_where_it_s
         assert not redo.sample and redo.start + len(redo.token_ids) == 300 + before - 1
     engine.cache.check_integrity()
     assert engine.cache.tiers.arena is None or engine.cache.tiers.arena.used_bytes == 0
+
+
+@pytest.mark.parametrize("where", ["update", "schedule"])
+def test_a_scheduler_bug_fails_its_requests_and_the_engine_serves_on(where, monkeypatch):
+    """An exception raised by the scheduler outside the forward pass (a bookkeeping bug) must not end the round
+    loop: the round's requests (after a failed schedule, every queued and running one) get an internal error,
+    their pages go back, and the next request is served."""
+    engine, runner = make()
+    sched = engine.scheduler
+    real = getattr(sched, where)
+    calls = {"n": 0}
+
+    def broken(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyError("injected bookkeeping bug")
+        return real(*a, **kw)
+    monkeypatch.setattr(sched, where, broken)
+
+    async def body(e):
+        first = await drain(e.submit(req("a", list(range(2000, 2100)), max_tokens=4)))
+        second = await drain(e.submit(req("b", list(range(3000, 3100)), max_tokens=2)))
+        return first, second
+
+    first, second = run(engine, body)
+    assert isinstance(first[-1], ErrorEvent) and first[-1].code == "internal"
+    assert "injected bookkeeping bug" in first[-1].message and where in first[-1].message
+    assert isinstance(second[-1], DoneEvent) and second[-1].finish_reason is FinishReason.LENGTH
+    assert [ev.token_id for ev in second if isinstance(ev, TokenEvent)] == [600, 601]
+    assert engine.bookkeeping_failures == 1 and engine.cache.live_pages() == 0
+    engine.cache.check_integrity()

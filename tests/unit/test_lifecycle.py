@@ -15,14 +15,14 @@ from ignis_client import protocol as P
 from ignisd.cache.manager import CacheManager
 from ignisd.cache.page_pool import PagePool
 from ignisd.config import Config, with_overrides
-from ignisd.edge import EdgeDone, Timings, Usage
+from ignisd.edge import EdgeDone, EdgeError, Timings, Usage
 from ignisd.engine import Engine
 from ignisd.health import Heartbeat
 from ignisd.lifecycle import ModelHost, State
 from ignisd.metrics import Metrics
 from ignisd.plan import ItemResult, RoundResult
 from ignisd.prompt import Reuse
-from ignisd.request import DoneEvent, FinishReason, Request, SamplingParams
+from ignisd.request import DoneEvent, ErrorEvent, FinishReason, Request, SamplingParams
 from ignisd.scheduler import Scheduler
 from ignisd.systemd import Notifier
 
@@ -54,8 +54,11 @@ class FakeEdge:
 
     async def stream(self, req: Request):
         q = self.engine.submit(req)
-        while not isinstance(ev := await q.get(), DoneEvent):
+        while not isinstance(ev := await q.get(), (DoneEvent, ErrorEvent)):
             pass
+        if isinstance(ev, ErrorEvent):              # as the real Edge does
+            yield EdgeError(ev.code, ev.message, ev.field)
+            return
         yield EdgeDone("", ev.finish_reason, Usage(ev.prompt_tokens, ev.generated_tokens, 0),
                        Timings(ev.queue_ms, 0.0, ev.ttft_ms, 0.0, 0.0), Reuse(None, None, 0, "miss", None, None))
 
@@ -287,4 +290,34 @@ def test_a_request_during_the_unload_waits_for_it_then_loads_a_fresh_model():
         await stop(host)
         assert host._engine_task is None
 
+    asyncio.run(main())
+
+
+def test_an_engine_that_dies_is_unloaded_its_requests_fail_and_the_next_request_loads_a_fresh_one():
+    async def main():
+        host, runner, stacks = make_host()
+        await host.load("start")
+        monitor = asyncio.create_task(host.monitor())
+        runner.gate = threading.Event()
+        pending = asyncio.create_task(anext(host.stream(req("r1"))))
+        while not runner.entered.is_set():
+            await asyncio.sleep(0.01)
+
+        def boom():
+            raise RuntimeError("injected: the loop cannot go on")
+        stacks[0].engine.disk.poll = boom             # raised by the loop itself, outside any round
+        runner.gate.set()
+        err = await asyncio.wait_for(pending, 10)    # the in-flight request ends with an error, not a hang
+        assert isinstance(err, EdgeError) and err.code == "internal" and "the engine stopped" in err.message
+        for _ in range(200):
+            if host.state is State.UNLOADED:
+                break
+            await asyncio.sleep(0.02)
+        assert host.state is State.UNLOADED and stacks[0].closed
+        runner.gate = None
+        await asyncio.wait_for(host.ready(), 10)       # as a front does: the unloaded model loads again
+        done = await asyncio.wait_for(anext(host.stream(req("r2"))), 10)
+        assert done.finish_reason is FinishReason.LENGTH and len(stacks) == 2
+        monitor.cancel()
+        await stop(host)
     asyncio.run(main())

@@ -162,6 +162,8 @@ CHAT_ERRORS = [
     ({"min_p": 1.1}, "min_p"),
     ({"min_p": -0.5}, "min_p"),
     ({"seed": "x"}, "seed"),
+    ({"ignore_eos": 1}, "ignore_eos"),
+    ({"ignore_eos": "yes"}, "ignore_eos"),
     ({"seed": 1.5}, "seed"),
     ({"seed": 2**64}, "seed"),
     ({"stop": ""}, "stop"),
@@ -239,7 +241,9 @@ def test_chat_defaults():
                                    stop=[])
     assert (op.stream, op.logprobs, op.top_logprobs, op.priority, op.cache_prompt, op.chat_template_kwargs) == (
         False, False, 0, "interactive", True, {})
-    assert not op.sampling.greedy
+    assert not op.sampling.greedy and not op.sampling.ignore_eos
+    op = P.parse_request({"id": "r2", "op": "completion", "prompt": [1, 2], "ignore_eos": True})
+    assert op.sampling.ignore_eos is True
 
 
 def test_sampling_limits_accepted():
@@ -383,7 +387,7 @@ def test_result_and_status_skeleton():
     s = P.empty_status()
     assert set(s) == {"model", "lanes", "queue", "kv_pool", "slots", "tiers", "retained", "requests"}
     assert set(s["model"]) == {"name", "arch", "kv_format", "context_tokens", "page_tokens", "page_bytes",
-                               "state_bytes"}
+                               "state_bytes", "prefill_tokens_per_s"}
     assert s["lanes"] == {"total": 0, "prefill": 0, "decode": 0, "evicted": 0}
     assert s["kv_pool"] == {"pages_total": 0, "pages_free": 0, "pages_live": 0, "pages_retained": 0}
     assert s["slots"] == {"device_total": 0, "device_free": 0, "host_total": 0, "host_free": 0}

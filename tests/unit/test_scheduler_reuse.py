@@ -51,19 +51,19 @@ PROMPT = list(range(1000, 1300))     # 300 tokens: publish 128, opener 250
 
 
 def test_cold_run_captures_prefix_and_checkpoint_at_chunk_ends():
-    s = make()
+    s = make(hybrid=True)        # a hybrid's capture takes an image: its traversals split at the cut points
     log = []
     s.submit(req("a", PROMPT, publish=128, opener=250, after_user=True))
     done = run(s, log)
     assert done["a"].cached_tokens == 0 and done["a"].reuse.reason == "miss"
-    caps = [(it.start + len(it.token_ids), it.capture.kind) for p in log for it in p.items if it.capture]
+    caps = [(it.start + len(it.token_ids), c.kind) for p in log for it in p.items for c in it.captures]
     assert caps == [(128, "prefix"), (250, "checkpoint")]
     # chunks restart at each cut point; the capture chunk is the sequence's last of its round
     starts = [it.start for p in log for it in p.items if it.seq_id]
     assert 128 in starts and 250 in starts and 192 in starts
     for p in log:
         for it in p.items:
-            if it.capture:
+            if it.captures:
                 assert it is [x for x in p.items if x.seq_id == it.seq_id][-1]
     store = s.cache.retained
     assert sorted((x.kind, x.n_tokens) for x in store.states()) == [("checkpoint", 250), ("prefix", 128)]
@@ -72,6 +72,51 @@ def test_cold_run_captures_prefix_and_checkpoint_at_chunk_ends():
     pf = next(x for x in store.states() if x.kind == "prefix")
     assert ck.pages[:2] == pf.pages and len(ck.pages) == 4
     assert s.cache.pool.used == s.cache.retained_pages() == 4
+
+
+def test_attention_only_captures_ride_the_chunks_and_the_whole_sequence_is_kept():
+    s = make()                   # attention-only, exact format: captures cost no traversal (DESIGN §4.3)
+    assert s.cache.free_captures and not make(hybrid=True).cache.free_captures
+    log = []
+    s.submit(req("a", PROMPT, publish=128, opener=250, after_user=True))
+    run(s, log)
+    starts = [it.start for p in log for it in p.items if it.phase == "prefill"]
+    assert starts == [0, 64, 128, 192, 256]             # the same chunks as a prompt without cut points
+    caps = [(it.start, c.pos, c.kind) for p in log for it in p.items for c in it.captures]
+    assert caps == [(64, 128, "prefix"), (192, 250, "checkpoint")]
+    states = {x.n_tokens: x for x in s.cache.retained.states()}
+    # 300 prompt tokens + 2 generated (7, 7): the pages hold the prompt and the first generated token
+    assert sorted(states) == [128, 250, 301]
+    pf, ck, whole = states[128], states[250], states[301]
+    assert whole.tokens == tuple(PROMPT) + (7,) and whole.kind == "checkpoint"
+    assert whole.superseded and not ck.superseded       # ranked below the opener checkpoint; supersedes nothing
+    assert s.cache.retained.rank(whole) < s.cache.retained.rank(ck)
+    # the whole sequence keeps the live pages (its last page was no longer written: shared, not copied)
+    assert whole.pages[:2] == pf.pages and whole.pages[:3] == ck.pages[:3] and len(whole.pages) == 5
+    assert ck.pages[3] not in whole.pages
+    assert s.cache.pool.used == s.cache.retained_pages() == 6
+    # a continuation that sends the reply back resumes past it
+    s.submit(req("b", list(PROMPT) + [7] + list(range(5000, 5040)), publish=128, opener=330))
+    done = run(s)
+    assert done["b"].cached_tokens == 301 and done["b"].prefilled_tokens == 40
+
+
+def test_attention_only_keeps_an_opener_close_to_the_resume_point():
+    s = make()
+    s.submit(req("a", PROMPT, publish=128, opener=250))
+    run(s)
+    s.submit(req("b", PROMPT[:250] + list(range(5000, 5010)), publish=128, opener=253))
+    log = []
+    done = run(s, log)
+    assert done["b"].cached_tokens == 250
+    assert [c.pos for p in log for it in p.items for c in it.captures] == [253]     # 3 tokens past the resume
+    h = make(hybrid=True)
+    h.submit(req("a", PROMPT, publish=128, opener=250))
+    run(h)
+    h.submit(req("b", PROMPT[:250] + list(range(5000, 5010)), publish=128, opener=253))
+    log = []
+    run(h, log)
+    assert not any(it.captures for p in log for it in p.items)    # a hybrid skips it: under a page past the resume
 
 
 def test_resume_shares_full_pages_and_copies_the_partial_one():
@@ -84,7 +129,7 @@ def test_resume_shares_full_pages_and_copies_the_partial_one():
     seq = s.running[0]
     assert seq.resume == seq.computed == 250 and ck.pins == 1
     assert seq.pages[:3] == ck.pages[:3]                      # shared in place
-    assert s.cache.pool.refcount(ck.pages[0]) == 3             # prefix + checkpoint + live
+    assert s.cache.pool.refcount(ck.pages[0]) == 4             # prefix + checkpoint + a's whole sequence + live
     plan = s.schedule()
     rs = plan.restores[0]
     assert (rs.src_page, rs.dst_page) == (ck.pages[3], seq.pages[3]) and rs.dst_page != rs.src_page
@@ -135,7 +180,7 @@ def test_cancel_before_the_round_unpins_and_a_failed_round_aborts_captures():
     s.cache.retained.reset()
     s.submit(req("c", PROMPT, publish=128, opener=250))
     plan = s.schedule()
-    assert any(it.capture for it in plan.items)
+    assert any(it.captures for it in plan.items)
     s.cancel("c", FinishReason.CANCELLED)
     assert len(s.cache.retained) == 0 and s.cache.pool.used == 0
     s.cache.check_integrity()
@@ -146,7 +191,7 @@ def test_hybrid_captures_take_retained_slots_and_skip_when_none():
     s.submit(req("a", PROMPT, publish=128, opener=250))
     log = []
     run(s, log)
-    caps = [it.capture for p in log for it in p.items if it.capture]
+    caps = [c for p in log for it in p.items for c in it.captures]
     assert [c.kind for c in caps] == ["prefix", "checkpoint"]
     assert all(c.slot_tier == "host" for c in caps) and caps[1].copy_page is not None
     # one slot: the newer checkpoint took the prefix's slot (the prefix ranked below it and was dropped)
@@ -157,7 +202,7 @@ def test_hybrid_captures_take_retained_slots_and_skip_when_none():
     s.submit(req("x", list(range(9000, 9300)), publish=128, opener=250, priority=Priority.AGENT))
     dx = run(s, log)["x"]
     assert dx.generated_tokens == 2 and dx.reuse.reason == "no_slot"     # the reply says why nothing was left
-    assert not any(it.capture for p in log for it in p.items)
+    assert not any(it.captures for p in log for it in p.items)
     assert s.cache.retained.states() == [st]
     s.submit(req("b", PROMPT[:250] + [3] * 50, publish=128, opener=None))
     plan = s.schedule()
@@ -171,7 +216,7 @@ def test_admission_evicts_retained_state_rather_than_refusing():
     s = make(pages=8)
     s.submit(req("a", PROMPT, publish=128, opener=250))
     run(s)
-    assert s.cache.pool.free == 4
+    assert s.cache.pool.free == 2        # prefix 2 + checkpoint's copy 1 + the whole sequence's 5 (2 shared): 6 used
     s.submit(req("b", list(range(7000, 7400)), max_tokens=40))   # 7 pages: needs retained pages back
     assert s.running and s.running[0].rid == "b"
     run(s)

@@ -293,8 +293,10 @@ def engine_world(tmp_path, pool_pages=6, arena_pages=2):
 
 
 def request(rid, n_prompt, max_tokens):
+    """A request that only wants pages: cache_prompt off, so it leaves no retained state of its own beside `s`."""
     from ignisd.request import Request, SamplingParams
-    return Request(rid, list(range(100, 100 + n_prompt)), SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    return Request(rid, list(range(100, 100 + n_prompt)), SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                   cache_prompt=False)
 
 
 async def drain(q):
