@@ -147,10 +147,11 @@ class ScriptedEngine:
 
 
 class InProcess:
-    """An HttpFront served on a Unix socket from a thread with its own event loop; `addr` is "unix:/path"."""
+    """An HttpFront served on a Unix socket from a thread with its own event loop; `addr` is "unix:/path" (or, with
+    `listen` "HOST:PORT", the TCP address it bound: a browser needs one)."""
 
     def __init__(self, edge=None, api_key: str | None = None, strip_billing_header: bool = True,
-                 max_body_bytes: int = 16 * 2**20):
+                 max_body_bytes: int = 16 * 2**20, listen: str | None = None):
         from ignisd.fronts.http import HttpFront
         self.dir = Path(tempfile.mkdtemp(prefix="ignis-http-"))
         self.addr = f"unix:{self.dir / 'http.sock'}"
@@ -161,7 +162,9 @@ class InProcess:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.call(self.front.start(self.addr))
+        bound = self.call(self.front.start(listen or self.addr))
+        if listen:
+            self.addr = bound
 
     def call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)

@@ -5,7 +5,8 @@ Routes: OpenAI ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v
 Anthropic ``POST /v1/messages``, ``POST /v1/messages/count_tokens`` (``ignisd.fronts.anthropic``); OpenAI
 ``POST /v1/responses`` (``ignisd.fronts.responses``); ``GET /health`` (503 ``{"status": "loading"}`` until the model is
 loaded, 503 with the reason when the daemon's health says it is not ok, else 200 ``{"status": "ok"}``) and
-``GET /metrics`` (the Prometheus text of the `metrics` op). An unknown path is 404 in the error shape of the API its
+``GET /metrics`` (the Prometheus text of the `metrics` op); the playground page at ``GET /`` and its JSON/SSE routes
+under ``/ignis/`` (``ignisd.fronts.playground``). An unknown path is 404 in the error shape of the API its
 path belongs to (Anthropic's under ``/v1/messages``, OpenAI's elsewhere).
 
 Auth: with server.api_key_file set, every route but ``/health`` needs the key, as ``Authorization: Bearer KEY``
@@ -21,7 +22,7 @@ import os
 from aiohttp import web
 from ignis_client import protocol as P
 
-from ignisd.fronts import anthropic, openai, responses
+from ignisd.fronts import anthropic, openai, playground, responses
 from ignisd.fronts.sse import STATUS, HttpError
 from ignisd.log import get_logger
 from ignisd.preflight import StartupError
@@ -47,6 +48,7 @@ class HttpFront:
         self.strip_billing_header = strip_billing_header
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
+        self.playground = playground.PlaygroundFront(self)
         self._runner: web.AppRunner | None = None
         self._unix_path: str | None = None
 
@@ -67,9 +69,11 @@ class HttpFront:
                   ("POST", "/v1/messages/count_tokens", an.count_tokens, anthropic.error),
                   ("POST", "/v1/responses", rs.responses, openai.error),
                   ("GET", "/metrics", self.metrics_text, openai.error)]
+        routes += [(method, path, fn, openai.error) for method, path, fn in self.playground.routes()]
         for method, path, fn, err in routes:
             app.router.add_route(method, path, self._guard(fn, err))
         app.router.add_get("/health", self.health)
+        self.playground.add_static(app)
         return app
 
     def _guard(self, fn, error):
@@ -80,10 +84,11 @@ class HttpFront:
                 if self.edge is None:
                     raise HttpError(503, "unavailable", "the model is loading; retry when GET /health answers 200")
                 self.check_auth(request)
-                if request.path != "/metrics" and self._loading():
+                light = request.path == "/metrics" or request.path in playground.STATUS_PATHS  # never wait or load
+                if not light and self._loading():
                     raise HttpError(503, "unavailable", "the model is loading; retry when GET /health answers 200")
                 ready = getattr(self.edge, "ready", None)
-                if ready is not None and request.path != "/metrics":
+                if ready is not None and not light:
                     await ready()               # an idle-unloaded model loads again for this request
                 return await fn(request)
             except HttpError as e:
@@ -191,13 +196,15 @@ class HttpFront:
         return bound
 
     async def stop_listening(self) -> None:
-        """Accept no new connections (requests in flight go on)."""
+        """Accept no new connections (requests in flight go on; the playground's status streams end)."""
+        self.playground.close()
         if self._runner is not None:
             for site in list(self._runner.sites):
                 await site.stop()
 
     async def close(self) -> None:
         """Stop listening and close the connections (requests in flight were ended by the daemon before)."""
+        self.playground.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

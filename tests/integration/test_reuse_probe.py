@@ -1,0 +1,43 @@
+"""POST /ignis/reuse (the playground fingerprint's question: what would this chat body resume if sent now) on the
+tiny Qwen3.5 hybrid, where a match also needs its state image: for a first turn, a second turn, a regenerated turn,
+an edit inside the system prompt and a short prompt, the probe's answer equals the `ignis.reuse` object the OpenAI
+front then returns for the same body, field for field."""
+from __future__ import annotations
+
+from http_support import http, http_addr, wait_idle
+
+SYSTEM = {"role": "system", "content": "You are a ship's navigator. " + " ".join(["compass chart anchor"] * 30)}
+EDITED = {"role": "system", "content": SYSTEM["content"].replace("chart anchor compass", "chart anchor Compass", 3)}
+USER1 = {"role": "user", "content": "Plot a course " + " ".join(["north east tide"] * 20)}
+USER2 = {"role": "user", "content": "And back home?"}
+
+
+def test_the_probe_says_what_the_request_then_gets(http_qwen):
+    c = http(http_addr(http_qwen))
+    wait_idle(http_qwen)
+
+    def check(messages: list[dict]) -> tuple[dict, dict]:
+        body = {"messages": messages, "max_tokens": 6, "temperature": 0,
+                "chat_template_kwargs": {"enable_thinking": False}}
+        probe = c.post("/ignis/reuse", json=body)
+        assert probe.status_code == 200, probe.text
+        probe = probe.json()
+        got = c.post("/v1/chat/completions", json=body).json()
+        assert probe["prompt_tokens"] == got["usage"]["prompt_tokens"]
+        assert probe["reuse"] == got["ignis"]["reuse"], (probe, got["ignis"])
+        assert probe["reuse"]["cached_tokens"] == got["usage"]["prompt_tokens_details"]["cached_tokens"]
+        wait_idle(http_qwen)
+        return probe["reuse"], got
+
+    first, got1 = check([SYSTEM, USER1])
+    assert first["tier"] is None
+    turn2 = [SYSTEM, USER1, {"role": "assistant", "content": got1["choices"][0]["message"]["content"]}, USER2]
+    second, _ = check(turn2)
+    assert second["tier"] == "device" and second["cached_tokens"] > 0
+    again, _ = check(turn2)                            # a regeneration resumes too
+    assert again["cached_tokens"] >= second["cached_tokens"]
+    edited, _ = check([EDITED, USER1])
+    assert edited["diverged_at"] is not None and edited["diverged_at"]["role"] == "system"
+    short, _ = check([{"role": "user", "content": "hi"}])
+    assert short["reason"] == "short"
+    c.close()
