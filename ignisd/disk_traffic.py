@@ -29,6 +29,10 @@ class DiskTraffic:
         self.wake = wake
         self.metrics = metrics
         self._tasks: dict[str, asyncio.Task] = {}     # state id -> its write or read in flight
+        # read buffers: a fresh one costs its page faults (~1 GB/s on these machines, several times the read and
+        # its checksum), so the largest one a restore is done with is kept for the next read
+        self._lent: dict[str, tuple[bytearray, memoryview]] = {}   # state id -> (buffer, the payload view of it)
+        self._spare: bytearray | None = None
 
     @property
     def busy(self) -> bool:
@@ -53,6 +57,19 @@ class DiskTraffic:
         for sid in self.cache.loads_wanted():
             if sid not in self._tasks or self._tasks[sid].done():
                 self._start(sid, self._read(sid))
+
+    def _read_buffer(self, nbytes: int) -> bytearray:
+        """A buffer of at least `nbytes` for a KV-disk read: the spare one when it is large enough, else a new one.
+        First takes back the buffers of states whose payload no longer is that buffer (restored, dropped)."""
+        for sid, (buf, view) in list(self._lent.items()):
+            if self.cache.payload_of(sid) is not view:
+                del self._lent[sid]
+                if self._spare is None or len(buf) > len(self._spare):
+                    self._spare = buf
+        if self._spare is not None and len(self._spare) >= nbytes:
+            buf, self._spare = self._spare, None
+            return buf
+        return bytearray(nbytes)
 
     def _start(self, sid: str, coro) -> None:
         self._tasks[sid] = asyncio.ensure_future(coro)
@@ -85,8 +102,9 @@ class DiskTraffic:
             want = self.cache.disk_record(sid)
             if want is None:
                 return
-            buf = bytearray(want.pages_bytes + want.image_bytes)      # one buffer: pages, then the image
-            view = memoryview(buf)
+            total = want.pages_bytes + want.image_bytes
+            buf = self._read_buffer(total)                           # one buffer: pages, then the image
+            view = memoryview(buf)[:total]
             record, _, _ = await self.disk.read(key, into=(view[:want.pages_bytes], view[want.pages_bytes:]))
             if record != want:
                 raise OSError(f"KV-disk file {key} holds another state than the index says")
@@ -94,10 +112,11 @@ class DiskTraffic:
             self._fault("read", sid, e)
             self.cache.disk_failed(sid)
         else:
-            self.cache.bytes_ready(sid, buf)
+            if self.cache.bytes_ready(sid, view):
+                self._lent[sid] = (buf, view)
             if self.metrics is not None:
                 self.metrics.tier_disk_reads.inc()
-                self.metrics.tier_disk_read_bytes.inc(len(buf))
+                self.metrics.tier_disk_read_bytes.inc(total)
         finally:
             self._tasks.pop(sid, None)
             self.wake()

@@ -82,7 +82,7 @@ class Runner:
         if mv.image_slot is not None:
             transfer.read_image(self._slot_store(mv.image_slot[0]), mv.image_slot[1], dst[pbytes:])
         if mv.op != MOVE_TO_RAM:
-            snapshots[mv.state_id] = dst.numpy().tobytes()
+            snapshots[mv.state_id] = memoryview(dst.numpy())    # no copy: the view keeps the buffer alive
 
     def _restore(self, rs: RestoreOp) -> None:
         """Resume a sequence before any pass: its pages (shared in place with a device state, or written from the

@@ -35,6 +35,11 @@ class DiskStates:
         s = self._state(state_id)
         return s.placement.disk_file if s is not None and s.tier == DISK else None
 
+    def payload_of(self, state_id: str):
+        """The in-memory bytes a restore of `state_id` would read (its placement's payload), or None."""
+        s = self._state(state_id)
+        return s.placement.payload if s is not None else None
+
     def bytes_ready(self, state_id: str, payload: bytes) -> bool:
         """The round produced the bytes of `state_id` (a "to_bytes" move) or its KV-disk file was read back and
         verified: restores may use them now. Whether the state is still retained."""

@@ -1,7 +1,7 @@
 """KV-disk: one verified file per retained state under one directory, within a byte ceiling (DESIGN §4.5, issue 9).
 
-†: imports no torch; bytes in, bytes out. The file format (version 1: magic, version, header length, orjson header,
-header crc32, payload length, payload SHA-256, then pages and image) is specified in ``cache/disk_format.py``;
+†: imports no torch; bytes in, bytes out. The file format (version 2: magic, version, header length, orjson header,
+header crc32, payload length, payload XXH3-128, then pages and image) is specified in ``cache/disk_format.py``;
 files are named ``<DiskRecord.key>.ignkv``.
 
 Rules of the store:
@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
-import hashlib
 import itertools
 import os
 import re
@@ -45,15 +44,18 @@ import aiofiles
 import aiofiles.os
 
 from ignisd.cache.disk_format import (
+    DIGEST_BYTES,
     FIXED_BYTES,
     SUFFIX,
     DiskRecord,
     FormatError,
+    VersionError,
     byte_view,
     chunks,
     digest_offset,
     encode_header,
     file_prefix,
+    payload_hasher,
     head_reader,
     read_head,
     payload_targets,
@@ -65,7 +67,7 @@ LOCK_NAME = ".lock"
 TMP_MARK = SUFFIX + ".tmp-"
 _KEY = re.compile(r"[0-9a-f]{64}")
 _fsync = aiofiles.os.wrap(os.fsync)
-_hash = aiofiles.os.wrap(lambda h, view: h.update(view))   # hashlib drops the GIL on large buffers
+_hash = aiofiles.os.wrap(lambda h, view: h.update(view))   # xxhash drops the GIL on large buffers
 
 
 class DiskFull(OSError):
@@ -79,7 +81,7 @@ class DiskFull(OSError):
 class CorruptFile(OSError):
     """A file failed verification and was deleted. path: the file; reason: the check that failed ("magic",
     "version N", "truncated", "header crc", "header schema: ...", "key", "name", "payload length",
-    "trailing bytes", "payload sha256"). errno EBADMSG."""
+    "trailing bytes", "payload checksum"). errno EBADMSG."""
 
     def __init__(self, path: str | Path, reason: str):
         super().__init__(errno.EBADMSG, f"corrupt kv-disk file ({reason})", str(path))
@@ -207,9 +209,9 @@ class DiskStore:
         self._live_tmp.add(tmp.name)
         renamed = False
         try:
-            h = hashlib.sha256()
+            h = payload_hasher()
             async with aiofiles.open(tmp, "xb", opener=_opener) as f:
-                await f.write(file_prefix(header, record.payload_bytes, bytes(32)))
+                await f.write(file_prefix(header, record.payload_bytes, bytes(DIGEST_BYTES)))
                 for chunk in chunks(pages, image):
                     await asyncio.gather(f.write(chunk), _hash(h, chunk))
                 await f.seek(digest_offset(len(header)))
@@ -250,7 +252,7 @@ class DiskStore:
                 except StopIteration as done:
                     record, digest = done.value
                 pages, image = payload_targets(record, into)
-                h = hashlib.sha256()
+                h = payload_hasher()
                 pending = memoryview(b"")
                 for chunk in chunks(memoryview(pages), memoryview(image)):   # read chunk i while hashing i - 1
                     got, _ = await asyncio.gather(f.readinto(chunk), _hash(h, pending))
@@ -259,7 +261,7 @@ class DiskStore:
                     pending = chunk
                 await _hash(h, pending)
                 if h.digest() != digest:
-                    raise FormatError("payload sha256")
+                    raise FormatError("payload checksum")
         return record, pages, image
 
     def read_sync(self, key: str, into=None) -> tuple[DiskRecord, bytearray | memoryview, bytearray | memoryview]:
@@ -295,8 +297,8 @@ class DiskStore:
         3-tuple of str) and rebuild the accounting from it; call it at start, before writes.
 
         Every ``*.ignkv`` header is checked (structure, crc, key, lengths: a file failing is deleted and counted
-        corrupt, whatever its stamp); a file of another stamp is then left alone, counted foreign, its bytes
-        counted against the ceiling; a file of this stamp has its whole payload checksum verified too
+        corrupt, whatever its stamp); a file of another format version or another stamp is left alone, counted
+        foreign, its bytes counted against the ceiling; a file of this stamp has its whole payload checksum verified too
         (``verify_payload``, reading every byte; ``read`` verifies again before use either way). Every
         ``*.ignkv.tmp-*`` file that is not a write of this store in flight is removed (a killed writer's). Other
         names are ignored. Raises ValueError on a bad stamp, OSError when the directory cannot be listed."""
@@ -326,6 +328,12 @@ class DiskStore:
                     if record.stamp == want and verify_payload:
                         read_payload(f, digest, total=record.payload_bytes)
             except FileNotFoundError:
+                continue
+            except VersionError as err:             # another format version: left alone, never restored
+                res.foreign += 1
+                res.reasons.append((e.name, err.reason))
+                size = _size(e.path)
+                kept, res.foreign_bytes = kept + size, res.foreign_bytes + size
                 continue
             except FormatError as err:
                 res.corrupt += 1

@@ -100,15 +100,19 @@ def cuts(c, messages, tools=None) -> dict:
     return c.request(body)["result"]
 
 
-def whole_or_opener(c, t1, r1, t2, tools=None) -> int:
+def whole_or_opener(c, t1, r1, t2, tools=None, d=None) -> int:
     """Where turn 2 resumes on an attention-only model (DESIGN §4.3), from the tokenizer alone: at turn 1's whole
     sequence — its prompt tokens and the generated ids whose K/V reached the pages (all but the last; ``r1`` was
     asked with logprobs, whose entries carry the ids) — when turn 2's tokens start with it (the reply re-rendered
-    to the same ids), else at turn 1's opener checkpoint."""
+    to the same ids), else at turn 1's opener checkpoint. With daemon `d`: the whole sequence only while a
+    checkpoint of its length is still retained (it is the first state dropped when the pool needs room)."""
     k1 = cuts(c, t1, tools)
     seq = k1["tokens"] + [e["token_id"] for e in r1["logprobs"]][:-1]
     t2_ids = cuts(c, t2, tools)["tokens"]
-    return len(seq) if len(seq) < len(t2_ids) and t2_ids[:len(seq)] == seq else k1["cut_points"]["opener"]
+    kept = d is None or any(x["kind"] == "checkpoint" and x["tokens"] == len(seq) for x in d.status()["retained"])
+    if kept and len(seq) < len(t2_ids) and t2_ids[:len(seq)] == seq:
+        return len(seq)
+    return k1["cut_points"]["opener"]
 
 
 def cached(r) -> int:
@@ -344,7 +348,7 @@ def test_resumed_equals_cold(request, model):
         t2 = t1 + (follow if follow[0]["role"] == "assistant"
                    else [{"role": "assistant", "content": reply or "ok"}, *follow])
         r2 = chat(c, f"e{i}b", t2, tools, **kw)
-        want = cuts(c, t1, tools)["cut_points"]["opener"] if tools else whole_or_opener(c, t1, r1, t2)
+        want = cuts(c, t1, tools)["cut_points"]["opener"] if tools else whole_or_opener(c, t1, r1, t2, d=on)
         assert cached(r2) == want and cached(r2) > 0
         cold = chat(co, f"o{i}", t2, tools, **kw)
         assert cold["ignis"]["reuse"]["reason"] == "reuse_off" and cached(cold) == 0

@@ -20,6 +20,7 @@ from pathlib import Path
 import aiofiles
 import aiofiles.os
 import pytest
+import xxhash
 
 from ignisd.cache import disk_format, disk_store
 from ignisd.cache.disk_format import DiskRecord, file_bytes
@@ -170,10 +171,10 @@ def test_file_bytes_match_the_hand_computed_layout(store):
     assert FIXED.key == key == "346d281023ab3dfe1105ad8dc531cda9d39d526f3b2a590a7e9bf9135131e9e0"   # frozen: key v1
     header = FIXED_HEADER % key.encode()
     pages, image = b"\x01\x02\x03\x04", b"\x00\x00\x80\x3f"
-    expect = (b"IGNISKV\x00" + (1).to_bytes(4, "little") + len(header).to_bytes(4, "little") + header
+    expect = (b"IGNISKV\x00" + (2).to_bytes(4, "little") + len(header).to_bytes(4, "little") + header
               + zlib.crc32(header).to_bytes(4, "little") + (8).to_bytes(8, "little")
-              + hashlib.sha256(pages + image).digest() + pages + image)
-    assert run(store.write(FIXED, pages, image)) == len(expect) == 60 + len(header) + 8
+              + xxhash.xxh3_128(pages + image).digest() + pages + image)
+    assert run(store.write(FIXED, pages, image)) == len(expect) == 44 + len(header) + 8
     assert store.path(key).read_bytes() == expect
 
 
@@ -216,25 +217,24 @@ def _flip(b: bytearray, i: int):
 def _rewrite_header(b: bytearray, hl: int, edit) -> bytearray:
     """A file whose header was edited and whose crc was fixed up (only the key or schema checks can catch it)."""
     header = edit(bytes(b[16:16 + hl]))
-    out = bytearray(b[:8]) + struct.pack("<II", 1, len(header)) + header + struct.pack("<I", zlib.crc32(header))
+    out = bytearray(b[:8]) + struct.pack("<II", 2, len(header)) + header + struct.pack("<I", zlib.crc32(header))
     return out + b[16 + hl + 4:]
 
 
 def _corruptions(hl: int, size: int):
     """name -> (edit of the file's bytes, expected reason). hl: header length; size: file bytes."""
-    p0 = 60 + hl
+    p0 = 44 + hl
     cuts = {"empty": 0, "mid magic": 7, "mid lead": 15, "after lead": 16, "mid header": 16 + hl // 2,
             "after header": 16 + hl, "mid trailer": 16 + hl + 10, "at payload": p0, "payload + 1": p0 + 1,
             "mid payload": p0 + (size - p0) // 2, "last byte": size - 1}
     trunc = {f"truncated {k}": (lambda b, n=n: b[:n], "truncated") for k, n in cuts.items()}
     return {
         **trunc,
-        "payload first byte": (lambda b: _flip(b, p0) or b, "payload sha256"),
-        "payload middle byte": (lambda b: _flip(b, p0 + (size - p0) // 2) or b, "payload sha256"),
-        "image last byte": (lambda b: _flip(b, size - 1) or b, "payload sha256"),
-        "digest byte": (lambda b: _flip(b, 28 + hl + 5) or b, "payload sha256"),
+        "payload first byte": (lambda b: _flip(b, p0) or b, "payload checksum"),
+        "payload middle byte": (lambda b: _flip(b, p0 + (size - p0) // 2) or b, "payload checksum"),
+        "image last byte": (lambda b: _flip(b, size - 1) or b, "payload checksum"),
+        "digest byte": (lambda b: _flip(b, 28 + hl + 5) or b, "payload checksum"),
         "magic": (lambda b: b"IGNISKW\x00" + b[8:], "magic"),
-        "version": (lambda b: b[:8] + struct.pack("<I", 2) + b[12:], "version 2"),
         "header length": (lambda b: b[:12] + struct.pack("<I", 1 << 30) + b[16:], "header length 1073741824"),
         "header byte": (lambda b: _flip(b, 16 + hl // 2) or b, "header crc"),
         "header crc byte": (lambda b: _flip(b, 16 + hl) or b, "header crc"),
@@ -412,7 +412,7 @@ def test_scan_can_skip_the_payload_check_and_read_still_catches_it(store):
     b[-1] ^= 1
     p.write_bytes(bytes(b))
     assert [k for k, _, _ in store.scan(STAMP, verify_payload=False).usable] == [r.key]
-    with pytest.raises(CorruptFile, match="payload sha256"):
+    with pytest.raises(CorruptFile, match="payload checksum"):
         run(store.read(r.key))
 
 
@@ -610,3 +610,17 @@ def test_a_read_only_directory_raises_for_a_non_root_user(tmp_path):
             assert listing(s.directory) == []
         finally:
             s.directory.chmod(0o700)
+
+
+def test_a_file_of_another_format_version_is_left_alone(store):
+    """A version-1 file (SHA-256 payload digest) or any other version: never restored, never deleted, counted
+    foreign with its bytes against the ceiling."""
+    r = rec()
+    size = run(store.write(r, *payload(r)))
+    path = store.path(r.key)
+    b = bytearray(path.read_bytes())
+    b[8:12] = struct.pack("<I", 1)
+    path.write_bytes(bytes(b))
+    res = store.scan(STAMP)
+    assert (res.usable, res.corrupt, res.foreign, res.foreign_bytes) == ([], 0, 1, size)
+    assert res.reasons == [(path.name, "version 1")] and path.exists() and r.key not in store

@@ -370,3 +370,50 @@ def test_flush_never_writes_an_extent_whose_move_never_ran(tmp_path):
     rec = engine.cache.disk_record(s.id, any_tier=True)
     path = disk.path(rec.key)
     assert not path.exists() or file_pages(disk, rec.key) == want
+
+
+def test_kv_disk_restores_are_bit_exact_and_reuse_one_read_buffer(tmp_path):
+    """A KV-disk state hit twice (pushed back to KV-disk between the hits) restores the file's exact bytes into the
+    live pages both times, and the second read fills the buffer the first restore gave back (a fresh buffer costs
+    its page faults), not a new one."""
+    import asyncio
+
+    from ignisd.request import Request, SamplingParams
+    engine, s, want, disk = engine_world(tmp_path, arena_pages=0)
+    runner = engine.runner
+    seen = []
+    real = runner.execute
+
+    def execute(plan):                          # the restores' destination pages, read right after the round
+        res = real(plan)
+        for rs in plan.restores:
+            if rs.tier == "disk":
+                got = torch.empty(len(rs.dst_pages) * runner.kv.page_bytes, dtype=torch.uint8)
+                transfer.read_pages(runner.kv, list(rs.dst_pages), got)
+                seen.append((got.numpy().tobytes(), rs.payload))
+        return res
+    runner.execute = execute
+
+    async def settle(e):
+        for _ in range(300):
+            if not e.disk.busy and s.placement.payload is None and s.tier == "disk":
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the state never settled on KV-disk")
+
+    async def body(e):
+        await drain(e.submit(request("push0", 10, 300)))  # no arena: s goes to KV-disk
+        await settle(e)
+        for k in range(2):
+            # no cut points and one token: it restores and leaves nothing of its own behind
+            hit = Request(f"hit{k}", list(range(5000, 5128)) + [9] * 8, SamplingParams(max_tokens=1, temperature=0.0))
+            done = await drain(e.submit(hit))
+            assert done.cached_tokens == 128 and done.reuse.tier == "disk"
+            await drain(e.submit(request(f"push{k + 1}", 10, 300)))
+            await settle(e)
+
+    run_engine(engine, body)
+    assert [got for got, _ in seen] == [want, want]
+    (_, p0), (_, p1) = seen
+    assert p0.obj is p1.obj                     # the same read buffer under both payload views
+    engine.cache.check_integrity()
