@@ -5,7 +5,8 @@ the file is written by a task on the event loop (aiofiles through cache/disk_sto
 rename) while the next rounds run, and until it is in place a restore uses the bytes in memory. A waiting request
 whose best match is on KV-disk gets the file read back and verified by `poll` before it is admitted. A fault (no
 space, an I/O error, a file removed underneath, a corrupt file) drops that state, counts the error, logs one
-warning, and serving goes on.
+warning, and serving goes on. The "live" files of evicted live sequences (cache/live_eviction.py) travel the same
+way, named by their sequence id; a fault there makes the scheduler recompute that sequence.
 """
 from __future__ import annotations
 
@@ -83,9 +84,9 @@ class DiskTraffic:
             size = await self.disk.write(record, memoryview(payload)[:n], memoryview(payload)[n:])
         except OSError as e:
             self._fault("write", sid, e)
-            self.cache.disk_failed(sid)
+            self.cache.disk_failed(sid, record.key)
         else:
-            if not self.cache.disk_written(sid, size):      # dropped while it was written
+            if not self.cache.disk_written(sid, size, record.key):      # dropped (or restored) while written
                 self._delete_quietly(record.key)
             elif self.metrics is not None:
                 self.metrics.tier_disk_writes.inc()
@@ -110,7 +111,7 @@ class DiskTraffic:
                 raise OSError(f"KV-disk file {key} holds another state than the index says")
         except OSError as e:
             self._fault("read", sid, e)
-            self.cache.disk_failed(sid)
+            self.cache.disk_failed(sid, key)
         else:
             if self.cache.bytes_ready(sid, view):
                 self._lent[sid] = (buf, view)

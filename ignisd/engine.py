@@ -183,6 +183,7 @@ class Engine:
                 continue
             if plan.empty:
                 self._wake.clear()
+                self.disk.poll()          # reads this schedule() asked for (an evicted sequence's file): they wake it
                 await self._sleep()
                 continue
             prefill_tokens, decode_tokens = plan.prefill_tokens, plan.decode_tokens

@@ -2,17 +2,22 @@
 
 When the highest-ranked waiting request is interactive and cannot be admitted (no lane, no pages or no live slot),
 the lowest-ranked running agent sequence is moved down: `reuse.evict_window_pages` pages a round into the KV-RAM
-arena between decode rounds, while the other lanes keep generating (it is not scheduled meanwhile). Once it is out,
-its lane, pages and slot go to the waiting request; it waits in the queue by its own rank and is admitted again
-with a restore of its bytes, continuing exactly where it stopped (same KV bytes, state image, sampler generator and
-stream position: no token is repeated or lost on its client's stream). When the arena cannot take it, it is
-re-queued to be recomputed instead: its prefill then covers the prompt and every token generated so far but the
-last, and decoding continues from that last token.
+arena between decode rounds, while the other lanes keep generating (it is not scheduled meanwhile), or, when the
+arena cannot take it and KV-disk is on, into a KV-disk file (cache/live_eviction.py). Once it is out, its lane,
+pages and slot go to the waiting request; it waits in the queue by its own rank and is admitted again with a
+restore of its bytes (from KV-disk once its file is read back and verified), continuing exactly where it stopped
+(same KV bytes, state image, sampler generator and stream position: no token is repeated or lost on its client's
+stream). With KV-disk on no evicted sequence is discarded: when no tier can take one, the waiting request waits.
+With KV-disk off, one the arena cannot take is re-queued to be recomputed; so is one whose KV-disk write or read
+failed: its prefill then covers the prompt and every token generated so far but the last, and decoding continues
+from that last token.
 """
 from __future__ import annotations
 
 from ignisd.request import Priority
 from ignisd.sequence import Sequence, SeqState
+
+ADMITTED, BLOCKED, READING, LOST = "admitted", "blocked", "reading", "lost"
 
 
 class Evictions:
@@ -58,20 +63,30 @@ class Evictions:
         if v is None:
             return False
         sched = self.sched
-        if sched.cache.begin_eviction(v.rid, v.computed):
+        if sched.cache.begin_eviction(v.rid, v.computed, v.req.priority.value):
             v.evicting = True
             v.resume_state = v.state
             self._count("moved")
             return True
+        if sched.cache.tiers.disk_capacity > 0:
+            return False               # every tier is full of live work: the waiting request waits
         sched.cache.release(v.rid)
         sched.running.remove(v)
+        sched.waiting.append(v)
+        self._recompute(v)
+        return True
+
+    def _recompute(self, v: Sequence) -> None:
+        """Re-queued `v` (already in the waiting queue, holding nothing) prefills again from scratch: prompt +
+        generated but the last when it has output (no new reply), else its prompt as a fresh admission."""
         v.recompute = bool(v.output)
         v.state = SeqState.WAITING
+        v.evicted, v.evicting = False, False
+        if not v.output:
+            v.prefilled = 0
         v.computed, v.pages, v.slot, v.plan = 0, [], None, None
-        sched.waiting.append(v)
         self.recomputed_total += 1
         self._count("recomputed")
-        return True
 
     def _count(self, how: str) -> None:
         m = self.sched.metrics
@@ -79,14 +94,22 @@ class Evictions:
             m.live_evictions.labels(how=how).inc()
             m.preemptions.inc()
 
-    def admit(self, s: Sequence) -> bool:
-        """Admit evicted `s` again with the restore of its bytes. Whether it got pages and a slot."""
+    def admit(self, s: Sequence) -> str:
+        """Admit evicted `s` again with the restore of its bytes. Returns ADMITTED; BLOCKED (too few pages or no
+        slot: later requests must not overtake it); READING (its KV-disk bytes are being produced, written or read
+        back: it holds nothing, later requests may go first); or LOST (a KV-disk write or read failed: it is now a
+        request to recompute, to be admitted like one)."""
         sched = self.sched
+        if sched.cache.take_lost(s.rid):
+            self._recompute(s)
+            return LOST
         adm = sched.cache.admit_evicted(s.rid, s.bound_tokens)
         if adm is None:
-            return False
+            return BLOCKED
+        if adm.wait_for is not None:
+            return READING
         sched.waiting.remove(s)
         s.pages, s.slot, s.restore = list(adm.pages), adm.slot, adm.restore
         s.evicted, s.state = False, s.resume_state or SeqState.DECODE
         sched.running.append(s)
-        return True
+        return ADMITTED

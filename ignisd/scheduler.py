@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import replace
 
 from ignisd.cache.manager import CacheManager, ReuseMatch
-from ignisd.eviction import Evictions
+from ignisd.eviction import BLOCKED, LOST, Evictions
 from ignisd.plan import DECODE, PREFILL, CaptureOp, ItemResult, PlanItem, RoundPlan
 from ignisd.request import DoneEvent, FinishReason, Priority, Request, ReuseInfo, TokenEvent
 from ignisd.sequence import AdmissionError, QueueFull, Sequence, SeqState
@@ -101,9 +101,11 @@ class Scheduler:
                 self.evictions.maybe_evict(s)
                 break
             if s.evicted:
-                if not self.evictions.admit(s):
+                got = self.evictions.admit(s)
+                if got == BLOCKED:
                     break
-                continue
+                if got != LOST:
+                    continue     # admitted, or its KV-disk file is being read back (it holds nothing meanwhile)
             req = s.req
             reuse = self._capturing(s)
             if reuse:

@@ -101,7 +101,8 @@ def build_tiers(cfg, page_bytes: int, bytes_per_token: int, image_layout: tuple,
 
 def index_disk(setup: TierSetup, store, clock=time.monotonic) -> dict:
     """Index the KV-disk files of this model and format as retained states on the disk tier (after a restart).
-    Returns the scan's counts (usable, corrupt, foreign, stale_tmp, errors), for the log."""
+    Returns the scan's counts (usable, corrupt, foreign, stale_tmp, live: files of evicted live sequences of an earlier
+    process, removed; errors), for the log."""
     disk = setup.disk
     if disk is None or store is None:
         return {}
@@ -123,7 +124,7 @@ def index_disk(setup: TierSetup, store, clock=time.monotonic) -> dict:
         setup.tiers.disk_used += size
     setup.tiers.disk_foreign = res.foreign_bytes
     counts = {"usable": len(res.usable), "corrupt": res.corrupt, "foreign": res.foreign,
-              "stale_tmp": res.stale_tmp, "errors": res.errors}
+              "stale_tmp": res.stale_tmp, "live": res.live, "errors": res.errors}
     log.info("kv_disk_index", **counts)
     return counts
 

@@ -15,9 +15,13 @@ SLOT_TIERS = ("device", "host")
 """The retained state-image slot pools reserved at load (DESIGN §4.4: ``reuse.device_slots`` on the device,
 ``reuse.host_slots_per_lane`` in one pinned host block)."""
 
+LIVE = "live"
+"""The KV-disk record kind of an evicted live sequence (DESIGN §4.5): never matched by a lookup, never a wire kind,
+and removed by the scan at start (a live sequence does not outlive the process)."""
+
 PREFIX, CHECKPOINT = KINDS
 DEVICE, RAM, DISK = TIERS
 INTERACTIVE, AGENT = PRIORITIES
 
 __all__ = ["PAGE_TOKENS", "KINDS", "TIERS", "SLOT_TIERS", "PRIORITIES", "REUSE_REASONS", "PREFIX", "CHECKPOINT",
-           "DEVICE", "RAM", "DISK", "INTERACTIVE", "AGENT"]
+           "DEVICE", "RAM", "DISK", "INTERACTIVE", "AGENT", "LIVE"]

@@ -6,8 +6,9 @@ paths of the store that writes, reads and scans these files: ``cache/disk_store.
 
 Spec (format version 2)
 =======================
-One file per retained state, named ``<key>.ignkv`` where ``key`` is ``DiskRecord.key`` (64 lowercase hex). All
-integers are little-endian, unsigned, packed without padding (``struct`` ``"<"``)::
+One file per retained state (or per evicted live sequence: kind "live", below), named ``<key>.ignkv`` where ``key``
+is ``DiskRecord.key`` (64 lowercase hex). All integers are little-endian, unsigned, packed without padding
+(``struct`` ``"<"``)::
 
     offset     size  field
     0          8     magic            b"IGNISKV\\0"
@@ -29,7 +30,7 @@ xxhash_spec.md). A file of another version is left alone and never restored, lik
 The header is one JSON object with exactly these keys, in this order (orjson output of ``encode_header``)::
 
     key              str   the file's key (must equal the key recomputed from the other fields and the file name)
-    kind             str   "prefix" | "checkpoint"
+    kind             str   "prefix" | "checkpoint" | "live"
     tokens           [int] the token ids the state covers
     image_spans      [[start, end, sha256 hex]] the images in those tokens, position order
     priority         str   "interactive" | "agent"
@@ -41,11 +42,19 @@ The header is one JSON object with exactly these keys, in this order (orjson out
     page_bytes       int   bytes of one page (all layers, K and V)
     n_pages          int   pages in the payload
     image_layout     [[name, dtype, [shape...], nbytes]] the state image buffers, payload order ([] when none)
+    owner            str   only when kind is "live", and then last: the evicted live sequence the file belongs to
+                           (non-empty, unique within the process)
+
+A "live" file holds the computed pages and live state image of a running sequence moved down to KV-disk (DESIGN
+§4.5): its tokens and image_spans are empty, priority is the sequence's, after_user is false. It is never matched
+by a lookup, and ``scan`` removes it whatever its stamp (a live sequence does not outlive its process). The
+headers of "prefix" and "checkpoint" files (and so their keys and bytes) are exactly as without the live kind.
 
 Key (content address, key version 1): the hex SHA-256 of ``b"ignis-kv-key\\0\\1"`` followed by, for each of
 structural_hash, kv_format, drafter and kind, a u32 UTF-8 length and the UTF-8 bytes; then a u64 token count and
-each token as i64; then a u32 span count and, per span, u64 start, u64 end, u32 length and the ASCII digest. Priority,
-after_user and the payload geometry are not part of it: the same content under the same stamp is the same state.
+each token as i64; then a u32 span count and, per span, u64 start, u64 end, u32 length and the ASCII digest; then, for
+kind "live" only, a u32 UTF-8 length and the UTF-8 bytes of owner. Priority, after_user and the payload geometry are
+not part of it: the same content under the same stamp is the same state.
 
 A reader checks, in order: magic, version, header_len bound, the file is at least 44 + H bytes, header crc, header
 schema, recomputed key == header key == file name, payload_len == the header's geometry, file size == 44 + H + P,
@@ -64,7 +73,7 @@ from functools import cached_property
 import orjson
 import xxhash
 
-from ignisd.vocab import KINDS, PRIORITIES
+from ignisd.vocab import KINDS, LIVE, PRIORITIES
 
 MAGIC = b"IGNISKV\0"
 FORMAT_VERSION = 2
@@ -77,6 +86,7 @@ MAX_HEADER_BYTES = 1 << 28               # 256 MiB: refuses a corrupt length bef
 FIXED_BYTES = LEAD.size + TRAILER.size   # 44: a file is FIXED_BYTES + header_len + payload_len bytes
 DIGEST_BYTES = TRAILER.size - 12         # 16
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+RECORD_KINDS = (*KINDS, LIVE)
 
 
 class FormatError(ValueError):
@@ -108,11 +118,12 @@ def _str(v, name: str) -> str:
 class DiskRecord:
     """What one KV-disk file holds besides its bytes: the state's identity, rank inputs, stamp and payload geometry.
 
-    kind: "prefix" | "checkpoint". tokens: the token ids covered. image_spans: ((start, end, sha256 hex), ...) in
-    token positions. priority: "interactive" | "agent". after_user: see RetainedState. structural_hash, kv_format,
-    drafter: the stamp (DESIGN §4.4). page_tokens: tokens per page. page_bytes: bytes of one page. n_pages: pages
-    in the payload. image_layout: ((name, dtype, shape, nbytes), ...) of the state image buffers in payload order,
-    nbytes in bytes (empty on an all-attention model). Lists are accepted and stored as tuples.
+    kind: "prefix" | "checkpoint" | "live" (an evicted live sequence). tokens: the token ids covered. image_spans:
+    ((start, end, sha256 hex), ...) in token positions. priority: "interactive" | "agent". after_user: see
+    RetainedState. structural_hash, kv_format, drafter: the stamp (DESIGN §4.4). page_tokens: tokens per page.
+    page_bytes: bytes of one page. n_pages: pages in the payload. image_layout: ((name, dtype, shape, nbytes), ...)
+    of the state image buffers in payload order, nbytes in bytes (empty on an all-attention model). owner: the live
+    sequence of a "live" record (non-empty then, "" for every other kind). Lists are accepted and stored as tuples.
     Raises ValueError on a field of the wrong type or out of range.
     """
 
@@ -128,10 +139,14 @@ class DiskRecord:
     page_bytes: int
     n_pages: int
     image_layout: tuple[tuple[str, str, tuple[int, ...], int], ...] = ()
+    owner: str = ""
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"kind {self.kind!r} not one of {KINDS}")
+        if self.kind not in RECORD_KINDS:
+            raise ValueError(f"kind {self.kind!r} not one of {RECORD_KINDS}")
+        if (_str(self.owner, "owner") != "") != (self.kind == LIVE):
+            raise ValueError(f"owner {self.owner!r}: a {self.kind} record " + ("needs one" if self.kind == LIVE
+                                                                                else "has none"))
         if self.priority not in PRIORITIES:
             raise ValueError(f"priority {self.priority!r} not one of {PRIORITIES}")
         if type(self.after_user) is not bool:
@@ -191,15 +206,22 @@ class DiskRecord:
         h.update(struct.pack("<I", len(self.image_spans)))
         for start, end, digest in self.image_spans:
             h.update(struct.pack("<QQI", start, end, len(digest)) + digest.encode("ascii"))
+        if self.kind == LIVE:
+            b = self.owner.encode()
+            h.update(struct.pack("<I", len(b)) + b)
         return h.hexdigest()
 
 
-_FIELDS = tuple(f.name for f in fields(DiskRecord))
+_FIELDS = tuple(f.name for f in fields(DiskRecord) if f.name != "owner")
 
 
 def encode_header(record: DiskRecord) -> bytes:
-    """The header bytes of ``record``: orjson of {"key", then every field in declaration order}."""
-    return orjson.dumps({"key": record.key, **asdict(record)})
+    """The header bytes of ``record``: orjson of {"key", then every field in declaration order}, owner only for a
+    "live" record."""
+    obj = {"key": record.key, **asdict(record)}
+    if record.kind != LIVE:
+        del obj["owner"]
+    return orjson.dumps(obj)
 
 
 def decode_header(raw: bytes) -> tuple[str, DiskRecord]:
@@ -207,8 +229,10 @@ def decode_header(raw: bytes) -> tuple[str, DiskRecord]:
     spec's JSON object (the caller has already checked the crc, so this means a writer bug or a foreign tool)."""
     try:
         obj = orjson.loads(raw)
-        if type(obj) is not dict or tuple(obj) != ("key", *_FIELDS):
+        if type(obj) is not dict or tuple(obj) not in (("key", *_FIELDS), ("key", *_FIELDS, "owner")):
             raise ValueError(f"keys {list(obj) if type(obj) is dict else type(obj).__name__}")
+        if ("owner" in obj) != (obj["kind"] == LIVE):
+            raise ValueError("owner must be present exactly when kind is live")
         key = _str(obj.pop("key"), "key")
         return key, DiskRecord(**obj)
     except (orjson.JSONDecodeError, ValueError, TypeError) as e:

@@ -3,7 +3,9 @@
 †: imports no torch. A mixin of `CacheManager` (cache/manager.py), kept apart because it is the interface to
 ignisd/disk_traffic.py: the engine asks which files to read (`loads_wanted`), reports bytes that a round produced or
 a read returned (`bytes_ready`), a file written (`disk_written`) or a fault (`disk_failed`), and removes the files of
-dropped states (`take_disk_deletes`). At shutdown `plan_flush` lists the states to write.
+dropped states (`take_disk_deletes`). At shutdown `plan_flush` lists the states to write. The same verbs serve
+the "live" files of evicted live sequences (cache/live_eviction.py), named by their sequence id: a fault there loses
+the sequence's bytes (it is recomputed) instead of dropping a retained state.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ class DiskStates:
     """KV-disk bookkeeping of the CacheManager (uses its retained store, tiers and page size)."""
 
     def loads_wanted(self) -> list[str]:
-        """KV-disk states whose files a waiting request needs read (and that are not in memory already)."""
+        """KV-disk states whose files a waiting request needs read (and that are not in memory already), then the
+        evicted live sequences whose files their restore waits for."""
         out = []
         for sid in sorted(self._loads):
             s = self._state(sid)
@@ -24,7 +27,7 @@ class DiskStates:
                 self._loads.discard(sid)
             elif not s.placement.in_flight:
                 out.append(sid)
-        return out
+        return out + self._live_loads()
 
     def _state(self, state_id: str):
         r = self.retained
@@ -32,26 +35,39 @@ class DiskStates:
 
     def disk_file(self, state_id: str) -> str | None:
         """The KV-disk key of `state_id` (None when it is gone or not on disk)."""
+        ev = self._live_on_disk(state_id)
+        if ev is not None:
+            return ev.record.key
         s = self._state(state_id)
         return s.placement.disk_file if s is not None and s.tier == DISK else None
 
     def payload_of(self, state_id: str):
         """The in-memory bytes a restore of `state_id` would read (its placement's payload), or None."""
+        ev = self._live_on_disk(state_id)
+        if ev is not None:
+            return ev.payload
         s = self._state(state_id)
         return s.placement.payload if s is not None else None
 
     def bytes_ready(self, state_id: str, payload: bytes) -> bool:
         """The round produced the bytes of `state_id` (a "to_bytes" move) or its KV-disk file was read back and
-        verified: restores may use them now. Whether the state is still retained."""
+        verified: restores may use them now. Whether the state is still retained (or the live sequence evicted)."""
+        ev = self._live_on_disk(state_id)
+        if ev is not None:
+            ev.payload = payload
+            return True
         s = self._state(state_id)
         if s is None or s.tier != DISK:
             return False
         s.placement.payload = payload
         return True
 
-    def disk_written(self, state_id: str, nbytes: int) -> bool:
-        """The KV-disk file of `state_id` is written (renamed into place, `nbytes` long): its bytes leave memory.
-        Whether the state is still retained (False: the caller removes the file)."""
+    def disk_written(self, state_id: str, nbytes: int, key: str | None = None) -> bool:
+        """The KV-disk file `key` (None: any) of `state_id` is written (renamed into place, `nbytes` long): its
+        bytes leave memory. Whether the state is still retained, or the live sequence still evicted to that file
+        (False: the caller removes the file)."""
+        if self._live_on_disk(state_id) is not None:
+            return key in (None, self.disk_file(state_id)) and self._live_written(state_id, nbytes)
         s = self._state(state_id)
         if s is None or s.tier != DISK:
             return False
@@ -60,10 +76,15 @@ class DiskStates:
         p.disk_bytes, p.payload, p.in_flight = nbytes, None, False
         return True
 
-    def disk_failed(self, state_id: str) -> None:
-        """Writing or reading the KV-disk file of `state_id` failed (no space, I/O error, removed, corrupt): the
-        state is dropped (pinned: when its restore lets go) and the error counted."""
+    def disk_failed(self, state_id: str, key: str | None = None) -> None:
+        """Writing or reading the KV-disk file `key` (None: any) of `state_id` failed (no space, I/O error, removed,
+        corrupt): the state is dropped (pinned: when its restore lets go), or the evicted live sequence loses its
+        bytes (``take_lost``: it is recomputed); the error is counted."""
         self.tiers.counts["disk_errors"] += 1
+        if self._live_on_disk(state_id) is not None:
+            if key in (None, self.disk_file(state_id)):
+                self._live_failed(state_id)
+            return
         s = self._state(state_id)
         self._loads.discard(state_id)
         if s is not None:
@@ -97,7 +118,10 @@ class DiskStates:
 
     def disk_record(self, state_id: str, any_tier: bool = False):
         """The DiskRecord (file header) of KV-disk state `state_id` (of any tier with `any_tier`, for a flush), or
-        None when it is gone."""
+        None when it is gone; of an evicted live sequence, its "live" file's record."""
+        ev = self._live_on_disk(state_id)
+        if ev is not None:
+            return ev.record
         s = self._state(state_id)
         if s is None or (s.tier != DISK and not any_tier):
             return None

@@ -62,6 +62,7 @@ from ignisd.cache.disk_format import (
     read_payload,
     stamp_of,
 )
+from ignisd.vocab import LIVE
 
 LOCK_NAME = ".lock"
 TMP_MARK = SUFFIX + ".tmp-"
@@ -99,7 +100,8 @@ class DirectoryLocked(OSError):
 class ScanResult:
     """The answer of ``scan``. usable: [(key, record, file bytes)] of this stamp, sorted by key. foreign: files of
     another stamp (kept, never returned), foreign_bytes their bytes plus those of unreadable files. corrupt: files
-    deleted for failing verification. stale_tmp: temporary files of a killed writer removed. errors: files that
+    deleted for failing verification. stale_tmp: temporary files of a killed writer removed. live: files of evicted
+    live sequences (kind "live", of an earlier process: any stamp) removed. errors: files that
     could not be read or removed (an OSError; kept). reasons: (file name, reason) of each corrupt or error file."""
 
     usable: list[tuple[str, DiskRecord, int]] = field(default_factory=list)
@@ -107,6 +109,7 @@ class ScanResult:
     foreign_bytes: int = 0
     corrupt: int = 0
     stale_tmp: int = 0
+    live: int = 0
     errors: int = 0
     reasons: list[tuple[str, str]] = field(default_factory=list)
 
@@ -298,8 +301,10 @@ class DiskStore:
 
         Every ``*.ignkv`` header is checked (structure, crc, key, lengths: a file failing is deleted and counted
         corrupt, whatever its stamp); a file of another format version or another stamp is left alone, counted
-        foreign, its bytes counted against the ceiling; a file of this stamp has its whole payload checksum verified too
-        (``verify_payload``, reading every byte; ``read`` verifies again before use either way). Every
+        foreign, its bytes counted against the ceiling; a "live" file (an evicted live sequence of an earlier
+        process, whatever its stamp) is removed and counted live; a file of this stamp has its whole payload
+        checksum verified too (``verify_payload``, reading every byte; ``read`` verifies again before use either
+        way). Every
         ``*.ignkv.tmp-*`` file that is not a write of this store in flight is removed (a killed writer's). Other
         names are ignored. Raises ValueError on a bad stamp, OSError when the directory cannot be listed."""
         want = stamp_of(stamp)
@@ -325,7 +330,9 @@ class DiskStore:
                 with open(e.path, "rb") as f:
                     record, digest = read_head(f, key)
                     size = os.fstat(f.fileno()).st_size
-                    if record.stamp == want and verify_payload:
+                    if record.kind == LIVE:
+                        pass
+                    elif record.stamp == want and verify_payload:
                         read_payload(f, digest, total=record.payload_bytes)
             except FileNotFoundError:
                 continue
@@ -346,7 +353,10 @@ class DiskStore:
                 size = _size(e.path)
                 kept, res.foreign_bytes = kept + size, res.foreign_bytes + size
                 continue
-            if record.stamp != want:
+            if record.kind == LIVE:                 # a live sequence never outlives its process
+                _remove(Path(e.path))
+                res.live += 1
+            elif record.stamp != want:
                 res.foreign += 1
                 res.foreign_bytes += size
                 kept += size

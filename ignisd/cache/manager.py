@@ -400,8 +400,9 @@ class CacheManager(DiskStates, LiveEviction):
         if self.tiers.arena is not None:
             self.tiers.arena.check_integrity([off for st in states for off, _ in st.placement.extents]
                                              + self._arena_holders())
-        disk = sum(st.placement.disk_bytes for st in states if st.tier == DISK)
+        disk = sum(st.placement.disk_bytes for st in states if st.tier == DISK) + self._live_disk_bytes()
         if disk != self.tiers.disk_used:
-            raise IntegrityError(f"KV-disk: states hold {disk} bytes but {self.tiers.disk_used} are counted")
+            raise IntegrityError(f"KV-disk: states and evicted live sequences hold {disk} bytes but "
+                                 f"{self.tiers.disk_used} are counted")
 
 
