@@ -108,7 +108,7 @@ class Metrics:
                                         "KV-disk faults (no space, I/O error, removed or corrupt file).", registry=r)
         self.live_evictions = Counter("ignis_live_evictions",
                                       "Running sequences preempted for a higher-ranked request, by how: moved "
-                                      "(to KV-RAM and restored) or recomputed.", ["how"], registry=r)
+                                      "(to KV-RAM or KV-disk and restored) or recomputed.", ["how"], registry=r)
         for how in ("moved", "recomputed"):
             self.live_evictions.labels(how=how)
         for tier in ("device", "ram", "disk"):
