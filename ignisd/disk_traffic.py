@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from ignisd.log import get_logger
+from ignisd.vocab import LIVE
 
 log = get_logger("tier")
 
@@ -135,13 +136,14 @@ class DiskTraffic:
 
     async def flush(self, snapshots: dict[str, bytes], deadline: float) -> int:
         """Write the files of a shutdown flush (the bytes of ``CacheManager.plan_flush``'s moves), in order, until
-        `deadline` (loop time). Returns how many were written."""
+        `deadline` (loop time); the bytes of an evicted live sequence among them are skipped. Returns how many were
+        written."""
         loop = asyncio.get_running_loop()
         done = 0
         for sid, payload in snapshots.items():
             record = self.cache.disk_record(sid, any_tier=True)
-            if record is None or loop.time() >= deadline:
-                continue
+            if record is None or record.kind == LIVE or loop.time() >= deadline:
+                continue                   # a live sequence's file would not outlive the process anyway
             n = record.pages_bytes
             try:
                 await asyncio.wait_for(self.disk.write(record, memoryview(payload)[:n], memoryview(payload)[n:]),

@@ -68,7 +68,8 @@ class LiveEviction:
         t = self.tiers
         with_image = seq_id in self._slot and t.image_bytes > 0
         nbytes = t.state_bytes(len(pages), with_image)
-        if t.arena is not None and t.arena.rounded(nbytes) <= t.arena.total_bytes and t._arena_room(self, nbytes):
+        if t.arena is not None and t.arena.rounded(nbytes) <= t.arena.total_bytes - self._live_arena_bytes() \
+                and t._arena_room(self, nbytes):           # (retained states never move down for nothing)
             off = t.arena.alloc(nbytes)
             if off is not None:
                 self._evicted[seq_id] = Evicted(off, nbytes, list(pages), with_image=with_image)
@@ -181,6 +182,10 @@ class LiveEviction:
     def _arena_holders(self) -> list[int]:
         """Arena offsets held by evicting or evicted live sequences."""
         return [ev.offset for ev in self._evicted.values() if ev.tier == RAM]
+
+    def _live_arena_bytes(self) -> int:
+        """Arena bytes held by evicting or evicted live sequences (what no retained state's move can free)."""
+        return sum(self.tiers.arena.size_of(ev.offset) for ev in self._evicted.values() if ev.tier == RAM)
 
     def _live_disk_bytes(self) -> int:
         """KV-disk bytes counted for evicted live sequences."""

@@ -278,3 +278,71 @@ def test_the_scan_at_start_removes_live_files_of_any_stamp(tmp_path):
         res = s.scan(("h", "fp32", "none"))
         assert res.live == 2 and [k for k, _, _ in res.usable] == [kept.key]
         assert sorted(p.name for p in d.glob("*.ignkv")) == [kept.key + ".ignkv"]
+
+
+# ------------------------------------------------------------------ the policy on plain ints (test_tier_policy)
+
+
+def test_retained_state_leaves_the_arena_first_and_an_evicted_live_sequence_is_never_pushed_down():
+    """Page P = 1,000 bytes, header reserve H = 100, arena 6 pages. A retained state in KV-RAM moves to KV-disk to let
+    live x (5 pages) into the arena; live y (3 pages) then finds the arena full of live work and goes to KV-disk
+    itself, x staying put; y waits for its bytes, is restored from them, and its share of KV-disk and its file go."""
+    from test_tier_policy import PT as TPT, World, toks as ttoks
+    w = World(pages=16, arena_pages=6, disk_bytes=100_000)
+    r = w.retain(ttoks(1, 128))
+    w.cache.evict_for_pages(16)                                   # r: device -> arena [0, 2000)
+    assert w.tier(r) == "ram"
+    w.cache.plan_moves()
+    x, y = (w.cache.admit(sid, ttoks(k, 5), n * TPT, reuse=False) for sid, k, n in (("x", 2, 5), ("y", 3, 3)))
+    assert w.cache.begin_eviction("x", 5 * TPT)
+    assert w.tier(r) == "disk" and w.tiers.disk_used == 2000 + 100
+    assert w.cache.begin_eviction("y", 3 * TPT)                   # the arena holds x: y goes to KV-disk
+    assert w.tiers.disk_used == 2100 + 3000 + 100
+    while not w.cache.eviction_step("x", 2):
+        pass
+    assert w.cache.eviction_step("y", 2)                          # in one go
+    moves = w.cache.plan_moves()
+    assert [(m.op, m.state_id, m.pages, m.dst_offset) for m in moves] == [
+        ("to_bytes", r.id, (), None), ("to_ram", "x", tuple(x.pages[:2]), 0),
+        ("to_ram", "x", tuple(x.pages[2:4]), 2000), ("to_ram", "x", tuple(x.pages[4:5]), 4000),
+        ("to_bytes", "y", tuple(y.pages), None)]
+    w.check()
+    assert w.cache.admit_evicted("y", 3 * TPT).wait_for == "y"    # its bytes are not in memory yet
+    assert w.cache.bytes_ready("y", b"\1" * 3000)                 # the round produced them
+    key = w.cache.disk_file("y")
+    assert w.cache.disk_written("y", 3300, key) and w.cache.payload_of("y") is None
+    assert w.tiers.disk_used == 2100 + 3300
+    assert w.cache.admit_evicted("y", 3 * TPT).wait_for == "y" and w.cache.loads_wanted() == ["y"]
+    assert w.cache.bytes_ready("y", b"\2" * 3000)                 # read back and verified
+    adm = w.cache.admit_evicted("y", 3 * TPT)
+    assert adm.restore.tier == "disk" and adm.restore.payload == b"\2" * 3000 and len(adm.restore.dst_pages) == 3
+    from ignisd.plan import RoundPlan
+    w.cache.finish_round(RoundPlan((), (adm.restore,)))
+    assert w.tiers.disk_used == 2100 and w.cache.take_disk_deletes()[-1] == key
+    assert w.cache.is_evicted("x") and w.tiers.arena.used_bytes == 5000
+    w.check()
+    for sid in ("x", "y"):
+        w.cache.release(sid)
+    assert w.tiers.arena.used_bytes == 0
+    w.check()
+
+
+def test_kv_disk_full_of_live_work_refuses_without_moving_anything():
+    from test_tier_policy import PT as TPT, World, toks as ttoks
+    w = World(pages=16, arena_pages=0, disk_bytes=5000)
+    r = w.retain(ttoks(1, 128))
+    w.cache.evict_for_pages(16)                                   # no arena: r goes to KV-disk (2,100 bytes)
+    w.cache.plan_moves()
+    for sid, k in (("x", 2), ("y", 3)):
+        w.cache.admit(sid, ttoks(k, 5), 3 * TPT, reuse=False)
+    w.cache.disk_written(r.id, 2100)
+    assert w.cache.begin_eviction("x", 3 * TPT)                   # 3,100: r is dropped to make room
+    assert r.id not in w.store and w.tiers.disk_used == 3100
+    assert not w.cache.begin_eviction("y", 3 * TPT)               # x's file leaves no room: y stays where it is
+    assert w.tiers.disk_used == 3100 and "y" not in w.cache._evicted and w.cache.plan_moves() == []
+    assert w.cache.eviction_step("x", 2) and w.cache.bytes_ready("x", b"\0" * 3000)
+    w.cache.disk_failed("x", w.cache.disk_file("x"))              # x's write fails: its bytes are lost
+    assert w.tiers.disk_used == 0 and w.cache.take_lost("x") and w.tiers.counts["disk_errors"] == 1
+    for sid in ("x", "y"):
+        w.cache.release(sid)
+    w.check()
