@@ -149,3 +149,15 @@ class DaemonProc:
                 self.proc.wait()
         self.log_file.close()
         return self.proc.returncode
+
+
+def live_files(kv_dir: Path) -> list[str]:
+    """Names of the KV-disk files in `kv_dir` that hold an evicted live sequence (kind "live"): none should outlive
+    its sequence."""
+    from ignisd.cache.disk_format import read_head
+    out = []
+    for f in sorted(Path(kv_dir).glob("*.ignkv")):
+        with open(f, "rb") as fh:
+            if read_head(fh, f.stem)[0].kind == "live":
+                out.append(f.name)
+    return out

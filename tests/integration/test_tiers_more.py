@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_support import DaemonProc
+from daemon_support import DaemonProc, live_files
 
 WORDS = ("river bridge market garden harbour tower museum street square palace canal station library theatre "
          "castle forest meadow valley mountain island").split()
@@ -281,6 +281,55 @@ def test_hybrid_concurrent_clients_restoring_from_ram(tiny_qwen35_real_dir, hybr
             assert all(cached(o) == ck for o in out), [cached(o) for o in out]
             assert set(tiers) == {"ram"}, tiers
             d.wait_idle()
+        clean_log(d)
+    finally:
+        d.stop()
+
+
+def test_hybrid_live_eviction_to_kv_disk_streams_the_uninterrupted_text(tiny_qwen35_real_dir, hybrid, tmp_path):
+    """Two lanes of streaming agent work; an interactive request evicts the later agent; a two-page arena cannot hold
+    its pages and GDN image, so they go to a KV-disk file and come back: its final text is the cold run's, its
+    streamed deltas concatenate to exactly that text, and nothing was recomputed or left on disk."""
+    _, cold, ref = hybrid
+    page = ref.status()["tiers"][0]["bytes_total"] // ref.status()["kv_pool"]["pages_total"]
+    d = start(["--model", str(tiny_qwen35_real_dir), "--lanes", "2", "--model-context-tokens", "512",
+               "--vram-kv-pool-bytes", "2Ktok", "--reuse-kv-host-pool-bytes", str(2 * page),
+               "--kv-disk-bytes", "64M", "--kv-disk-dir", str(tmp_path / "kv"), "--reuse-evict-window-pages", "2"],
+              "live")
+    try:
+        agents = {f"a{k}": convo(900 + k) for k in range(2)}
+        want = {rid: chat(cold.conn(), rid, m, max_tokens=80)["text"] for rid, m in agents.items()}
+        out = {}
+
+        def agent(rid, msgs):
+            c = d.conn()
+            c.send({"id": rid, "op": "chat", "messages": msgs, "temperature": 0, "max_tokens": 80, "stream": True,
+                    "priority": "agent"})
+            deltas, done = c.until_done(rid)      # the random model's text streams as reasoning (no </think>)
+            out[rid] = (("".join(x.get("text", "") for x in deltas),
+                         "".join(x.get("reasoning_content") or "" for x in deltas)), done)
+
+        threads = [threading.Thread(target=agent, args=(rid, m)) for rid, m in agents.items()]
+        for t in threads:
+            t.start()
+        while sum(r["generated"] > 8 for r in d.status()["requests"]) < 2:
+            pass
+        r = chat(d.conn(), "inter", convo(950), max_tokens=4)
+        for t in threads:
+            t.join(120)
+        assert r["finish_reason"] in ("length", "stop")
+        for rid in agents:
+            streamed, done = out[rid]
+            assert done["text"] == want[rid], rid
+            msg = done["message"]
+            assert streamed == (msg["content"], msg["reasoning_content"] or ""), rid
+            assert len(streamed[0] + streamed[1]) > 40, rid
+        d.wait_idle()
+        m = metric_values(d.conn())
+        assert m.get('ignis_live_evictions_total{how="moved"}', 0) >= 1, m
+        assert m.get('ignis_live_evictions_total{how="recomputed"}', 0) == 0
+        assert m.get('ignis_tier_restores_total{tier="disk"}', 0) >= 1
+        assert live_files(tmp_path / "kv") == [], "a live file outlived its sequence"
         clean_log(d)
     finally:
         d.stop()
