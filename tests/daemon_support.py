@@ -161,3 +161,31 @@ def live_files(kv_dir: Path) -> list[str]:
             if read_head(fh, f.stem)[0].kind == "live":
                 out.append(f.name)
     return out
+
+
+def agents_then_interactive(d: DaemonProc, agents: dict, interactive: list, *, max_tokens: int,
+                            min_generated: int = 10) -> tuple[dict, dict]:
+    """Stream `agents` ({rid: messages}) as greedy agent-priority chats of `max_tokens` on connections of their own;
+    once each has generated more than `min_generated` tokens, send `interactive` (messages) as a 4-token interactive
+    chat, which forces a live eviction when the lanes are full. Returns (the interactive reply, {rid: (streamed
+    text, streamed reasoning_content, done reply)}): the deltas of each agent concatenated."""
+    import threading
+    out = {}
+
+    def agent(rid, msgs):
+        c = d.conn()
+        c.send({"id": rid, "op": "chat", "messages": msgs, "temperature": 0, "max_tokens": max_tokens,
+                "stream": True, "priority": "agent"})
+        deltas, done = c.until_done(rid)
+        out[rid] = ("".join(x.get("text", "") for x in deltas),
+                    "".join(x.get("reasoning_content") or "" for x in deltas), done)
+
+    threads = [threading.Thread(target=agent, args=(rid, m)) for rid, m in agents.items()]
+    for t in threads:
+        t.start()
+    while sum(r["generated"] > min_generated for r in d.status()["requests"]) < len(agents):
+        time.sleep(0.005)
+    r = d.conn().request({"id": "inter", "op": "chat", "messages": interactive, "temperature": 0, "max_tokens": 4})
+    for t in threads:
+        t.join(120)
+    return r, out

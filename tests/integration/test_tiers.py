@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_support import DaemonProc, live_files
+from daemon_support import DaemonProc, agents_then_interactive, live_files
 
 WORDS = ("river bridge market garden harbour tower museum street square palace canal station library theatre "
          "castle forest meadow valley mountain island").split()
@@ -208,7 +208,6 @@ def test_live_eviction_resumes_bit_exact_and_streams_every_token_once(start_daem
     uninterrupted run's, and its streamed deltas concatenate to exactly that text (moved to KV-RAM and restored; with
     no KV-RAM recomputed; with an arena of two pages, too small for it, and KV-disk on, moved to a KV-disk file and
     restored from it, never recomputed)."""
-    import threading
     if arena.startswith("pages:"):
         arena = str(int(arena[6:]) * page_bytes(tiny_llama_dir))
     extra = ["--kv-disk-bytes", disk, "--kv-disk-dir", str(tmp_path / "kv")] if disk else []
@@ -217,29 +216,13 @@ def test_live_eviction_resumes_bit_exact_and_streams_every_token_once(start_daem
                       "--reuse-evict-window-pages", "2", *extra])
     agents = {f"a{k}": convo(40 + k) for k in range(2)}
     want = {rid: chat(cold.conn(), rid, m, max_tokens=120)["text"] for rid, m in agents.items()}
-    out = {}
-
-    def agent(rid, msgs):
-        c = d.conn()
-        c.send({"id": rid, "op": "chat", "messages": msgs, "temperature": 0, "max_tokens": 120, "stream": True,
-                "priority": "agent"})
-        deltas, done = c.until_done(rid)
-        out[rid] = ("".join(x.get("text", "") for x in deltas), done)
-
-    threads = [threading.Thread(target=agent, args=(rid, m)) for rid, m in agents.items()]
-    for t in threads:
-        t.start()
-    c = d.conn()
-    while sum(r["generated"] > 10 for r in d.status()["requests"]) < 2:
-        pass
-    r = chat(c, "inter", convo(60), max_tokens=4)
-    for t in threads:
-        t.join(120)
-    assert r["finish_reason"] in ("length", "stop")
+    r, out = agents_then_interactive(d, agents, convo(60), max_tokens=120)
+    assert r["type"] == "done" and r["finish_reason"] in ("length", "stop"), r
     for rid in agents:
-        streamed, done = out[rid]
+        text, _, done = out[rid]
         assert done["text"] == want[rid], rid
-        assert streamed == done["text"], rid
+        assert text == done["text"], rid
+    c = d.conn()
     metrics = c.request({"id": "m", "op": "metrics"})["result"]["text"]
     how = "moved" if arena != "0" else "recomputed"
 

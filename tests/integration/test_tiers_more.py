@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_support import DaemonProc, live_files
+from daemon_support import DaemonProc, agents_then_interactive, live_files
 
 WORDS = ("river bridge market garden harbour tower museum street square palace canal station library theatre "
          "castle forest meadow valley mountain island").split()
@@ -299,31 +299,14 @@ def test_hybrid_live_eviction_to_kv_disk_streams_the_uninterrupted_text(tiny_qwe
     try:
         agents = {f"a{k}": convo(900 + k) for k in range(2)}
         want = {rid: chat(cold.conn(), rid, m, max_tokens=80)["text"] for rid, m in agents.items()}
-        out = {}
-
-        def agent(rid, msgs):
-            c = d.conn()
-            c.send({"id": rid, "op": "chat", "messages": msgs, "temperature": 0, "max_tokens": 80, "stream": True,
-                    "priority": "agent"})
-            deltas, done = c.until_done(rid)      # the random model's text streams as reasoning (no </think>)
-            out[rid] = (("".join(x.get("text", "") for x in deltas),
-                         "".join(x.get("reasoning_content") or "" for x in deltas)), done)
-
-        threads = [threading.Thread(target=agent, args=(rid, m)) for rid, m in agents.items()]
-        for t in threads:
-            t.start()
-        while sum(r["generated"] > 8 for r in d.status()["requests"]) < 2:
-            pass
-        r = chat(d.conn(), "inter", convo(950), max_tokens=4)
-        for t in threads:
-            t.join(120)
-        assert r["finish_reason"] in ("length", "stop")
+        r, out = agents_then_interactive(d, agents, convo(950), max_tokens=80, min_generated=8)
+        assert r["type"] == "done" and r["finish_reason"] in ("length", "stop"), r
         for rid in agents:
-            streamed, done = out[rid]
+            text, reasoning, done = out[rid]      # the random model's text streams as reasoning (no </think>)
             assert done["text"] == want[rid], rid
             msg = done["message"]
-            assert streamed == (msg["content"], msg["reasoning_content"] or ""), rid
-            assert len(streamed[0] + streamed[1]) > 40, rid
+            assert (text, reasoning) == (msg["content"], msg["reasoning_content"] or ""), rid
+            assert len(text + reasoning) > 40, rid
         d.wait_idle()
         m = metric_values(d.conn())
         assert m.get('ignis_live_evictions_total{how="moved"}', 0) >= 1, m
