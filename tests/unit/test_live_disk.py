@@ -56,6 +56,8 @@ class MarkingRunner(FakeRunner):
         self.moved: dict[str, bytes] = {}
         self.restored: dict[str, bytes] = {}
         self.move_ops: list = []
+        self.settle = True
+        self.on_restore = None                 # called with each RestoreOp, in the worker thread
 
     def mark(self, seq: str, pos) -> torch.Tensor:
         return torch.as_tensor(pos, dtype=torch.float32) + self.ids.setdefault(seq, len(self.ids) + 1) * 100_000
@@ -72,7 +74,8 @@ class MarkingRunner(FakeRunner):
             time.sleep(0.002)
 
     def execute(self, plan):
-        self._settle()
+        if self.settle:
+            self._settle()
         snaps: dict = {}
         for mv in plan.moves:
             self.real._move(mv, snaps)
@@ -80,6 +83,8 @@ class MarkingRunner(FakeRunner):
             if mv.op == "to_bytes":
                 self.moved[mv.state_id] = bytes(snaps[mv.state_id])[:len(mv.pages) * self.kv.page_bytes]
         for rs in plan.restores:
+            if self.on_restore is not None:
+                self.on_restore(rs)
             self.real._restore(rs)
             got = torch.empty(len(rs.dst_pages) * self.kv.page_bytes, dtype=torch.uint8)
             transfer.read_pages(self.kv, list(rs.dst_pages), got)
@@ -150,6 +155,9 @@ def agents_and_interactive(engine, runner, arrivals):
         for rid in list(qs):
             if rid not in out:
                 out[rid] = await drain(qs[rid])
+        while e.disk.busy:                    # let a write that lands after its sequence's restore finish
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)             # and the loop remove what it left
         return out
     return run(engine, body)
 
@@ -197,6 +205,36 @@ def test_an_agent_the_arena_cannot_hold_goes_to_kv_disk_and_resumes_bit_exact(tm
     s = engine.scheduler.evictions
     assert (s.evicted_total, s.recomputed_total) == (1, 0)
     assert engine.cache.tiers.counts["disk_errors"] == 0
+    assert_settled(engine, disk)
+
+
+def test_a_restore_from_the_bytes_in_memory_and_a_write_that_lands_after_it_leave_no_file(tmp_path):
+    """The lane frees before the live file is written: the sequence resumes from the round's bytes still in memory,
+    and the file, once written, is removed at once (nothing read back, nothing left)."""
+    import threading
+    engine, runner, disk = make_world(tmp_path)
+    runner.settle = False
+    restored = threading.Event()
+    runner.on_restore = lambda rs: restored.set() if rs.seq_id == "a2" else None
+    real_write, reads, landed = disk.write, [], []
+
+    async def write(record, pages, image):
+        while not restored.is_set():
+            await asyncio.sleep(0.002)
+        size = await real_write(record, pages, image)
+        landed.append(record.key)
+        return size
+    disk.write = write
+    disk.read = lambda *a, **kw: reads.append(a)
+
+    out = agents_and_interactive(engine, runner, {12: ("i", 100, 3)})
+    for rid in ("a1", "a2"):
+        assert toks(out[rid]) == [800 + k for k in range(40)], rid
+    assert runner.mismatches == [] and runner.restored["a2"] == runner.moved["a2"]
+    (rs,) = [r for p in runner.plans for r in p.restores if r.seq_id == "a2"]
+    assert rs.tier == "disk" and bytes(rs.payload)[:len(runner.moved["a2"])] == runner.moved["a2"]
+    assert len(landed) == 1 and reads == []
+    assert engine.scheduler.evictions.recomputed_total == 0
     assert_settled(engine, disk)
 
 
