@@ -68,7 +68,7 @@ class Evictions:
             v.resume_state = v.state
             self._count("moved")
             return True
-        if sched.cache.tiers.disk_capacity > 0:
+        if sched.cache.live_disk_on:
             return False               # every tier is full of live work: the waiting request waits
         sched.cache.release(v.rid)
         sched.running.remove(v)

@@ -58,6 +58,11 @@ class Evicted:
 class LiveEviction:
     """Eviction of live sequences for the CacheManager (uses its pool, live slots, tiers and arena)."""
 
+    @property
+    def live_disk_on(self) -> bool:
+        """KV-disk is on: no evicted live sequence is discarded (one no tier can hold stays where it is)."""
+        return self.tiers.disk_capacity > 0
+
     def begin_eviction(self, seq_id: str, tokens: int, priority: str = AGENT) -> bool:
         """Start moving live sequence `seq_id` down: the pages of its first `tokens` tokens (those computed) and its
         image, into a KV-RAM extent (KV-RAM retained states move to KV-disk or go first) or, failing that and with
