@@ -58,7 +58,9 @@ not part of it: the same content under the same stamp is the same state.
 
 A reader checks, in order: magic, version, header_len bound, the file is at least 44 + H bytes, header crc, header
 schema, recomputed key == header key == file name, payload_len == the header's geometry, file size == 44 + H + P,
-then (for a state it will use) the payload XXH3-128. Any change to this layout bumps FORMAT_VERSION.
+then (for a state it will use) the payload XXH3-128. Any change to this layout bumps FORMAT_VERSION. (The "live"
+kind did not: no byte of a "prefix" or "checkpoint" file changed, and a reader from before it deletes a "live" file
+as corrupt, "header schema", which is what a live file of an earlier process is due anyway.)
 """
 from __future__ import annotations
 
