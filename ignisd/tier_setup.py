@@ -104,11 +104,13 @@ def index_disk(setup: TierSetup, store, clock=time.monotonic) -> dict:
     Returns the scan's counts (usable, corrupt, foreign, stale_tmp, live: files of evicted live sequences of an earlier
     process, removed; errors), for the log."""
     disk = setup.disk
-    if disk is None or store is None:
+    if disk is None:
         return {}
-    res = disk.scan(store.stamp)
+    # with reuse.prompt off nothing is restored, but the scan still removes what a killed process left (temporaries,
+    # live sequences' files) and counts the other files against the ceiling (as foreign: no stamp matches)
+    res = disk.scan(store.stamp if store is not None else ("", "", ""))
     now_wall, now = time.time(), clock()
-    for key, rec, size in res.usable:
+    for key, rec, size in (res.usable if store is not None else ()):
         if rec.page_bytes != setup.tiers.page_bytes or tuple(rec.image_layout) != setup.tiers.image_layout:
             continue                                   # same stamp, other geometry: never restored
         try:

@@ -384,3 +384,25 @@ def test_kv_disk_full_of_live_work_refuses_without_moving_anything():
     for sid in ("x", "y"):
         w.cache.release(sid)
     w.check()
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_index_disk_at_start_removes_live_files_with_reuse_on_or_off(tmp_path, reuse):
+    from ignisd.tier_setup import TierSetup, index_disk
+    d = tmp_path / "kv"
+    kept = DiskRecord("prefix", (1, 2), (), "agent", False, "h", "fp32", "none", 64, 8, 1)
+    with DiskStore(d, 1 << 20) as s:
+        r = live_record()
+        asyncio.run(s.write(r, bytes(r.pages_bytes), bytes(r.image_bytes)))
+        size = asyncio.run(s.write(kept, bytes(8), b""))
+    store = RetainedStore(Stamp("h", "fp32"), page_tokens=PT, device_slots=StateSlots(0), host_slots=StateSlots(0),
+                          needs_slot=False) if reuse else None
+    with DiskStore(d, 1 << 20) as disk:
+        setup = TierSetup(Tiers(None, 1 << 20, 8, page_tokens=PT), None, disk)
+        counts = index_disk(setup, store)
+        assert counts["live"] == 1 and sorted(p.name for p in d.glob("*.ignkv")) == [kept.key + ".ignkv"]
+        if reuse:                                  # the prefix is indexed as a KV-disk state
+            assert counts["usable"] == 1 and [s.tier for s in store.states()] == ["disk"]
+            assert setup.tiers.disk_used == size and setup.tiers.disk_foreign == 0
+        else:                                      # nothing is restored; the file still takes its room
+            assert counts["foreign"] == 1 and setup.tiers.disk_foreign == size and setup.tiers.disk_used == 0
