@@ -16,7 +16,7 @@ PREFILL, DECODE = "prefill", "decode"
 LOGITS_MODES = ("last", "all", "none")
 
 
-MOVE_TO_RAM, MOVE_TO_BYTES = "to_ram", "to_bytes"
+MOVE_TO_RAM, MOVE_TO_BYTES, MOVE_TO_STAGE = "to_ram", "to_bytes", "to_stage"
 
 
 @dataclass(frozen=True)
@@ -25,9 +25,12 @@ class TierMove:
     slots that the same plan hands to others are read before anything writes them).
 
     op: "to_ram" (write into the KV-RAM arena at `dst_offset`) | "to_bytes" (return the bytes to the engine, which
-    writes the KV-disk file off the round path). state_id: the retained state or live sequence moved. Source, in
-    the pages layout of cache/transfer.py: device `pages`, or `nbytes` of the arena at `src_offset`; then, when
-    `image_slot` is set, the image of that slot appended: ("live" | "device" | "host", slot id).
+    writes the KV-disk file off the round path) | "to_stage" (one window of a live sequence bound for KV-disk:
+    write at byte `dst_offset` of its staging buffer of `nbytes` bytes, which the runner keeps across rounds; the
+    move that fills its last byte returns the whole buffer to the engine as a "to_bytes" move would). state_id: the
+    retained state or live sequence moved. Source, in the pages layout of cache/transfer.py: device `pages`, or
+    `nbytes` of the arena at `src_offset` (not for "to_stage"); then, when `image_slot` is set, the image of that
+    slot appended: ("live" | "device" | "host", slot id).
     """
 
     op: str

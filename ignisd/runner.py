@@ -15,7 +15,7 @@ import torch
 
 from ignisd.cache import transfer
 from ignisd.model.batch import ForwardBatch, SeqChunk
-from ignisd.plan import MOVE_TO_RAM, ItemResult, PlanItem, RestoreOp, RoundPlan, RoundResult, TierMove
+from ignisd.plan import MOVE_TO_RAM, MOVE_TO_STAGE, ItemResult, PlanItem, RestoreOp, RoundPlan, RoundResult, TierMove
 from ignisd.sampling import make_generator, sample_row, token_logprobs
 from ignisd.vocab import DEVICE, RAM
 
@@ -52,6 +52,7 @@ class Runner:
         self.arena = arena
         self.page_tokens = kv.page_tokens
         self._gens: dict[str, torch.Generator] = {}
+        self._staging: dict[str, torch.Tensor] = {}    # live sequence -> its bytes for KV-disk, filled a window a round
 
     def init_thread(self) -> None:
         """Run once in the forward worker thread: give it the process's torch thread count (server.threads).
@@ -61,27 +62,39 @@ class Runner:
         torch.set_num_threads(self.threads)
 
     def forget(self, rid: str) -> None:
-        """Drop the sampling generator of a finished request."""
+        """Drop the sampling generator of a finished request (and the staging buffer of one that ended while it was
+        being moved to KV-disk)."""
         self._gens.pop(rid, None)
+        self._staging.pop(rid, None)
 
     def _slot_store(self, slot_tier: str):
         return self.states if slot_tier == "live" else self.retained_states[slot_tier]
 
     def _move(self, mv: TierMove, snapshots: dict[str, bytes]) -> None:
-        """Copy one state's bytes out of its tier (pages layout, then its image): into the arena or into bytes."""
-        pbytes = transfer.pages_nbytes(self.kv, len(mv.pages)) if mv.pages else mv.nbytes
+        """Copy one state's bytes out of its tier (pages layout, then its image): into the arena, into bytes, or into
+        a window of a staging buffer (whose last window hands over the whole buffer as bytes)."""
+        stage = mv.op == MOVE_TO_STAGE
+        pbytes = transfer.pages_nbytes(self.kv, len(mv.pages)) if mv.pages or stage else mv.nbytes
         ibytes = self._slot_store(mv.image_slot[0]).slot_bytes if mv.image_slot is not None else 0
         if mv.op == MOVE_TO_RAM:
             dst = self.arena.view(mv.dst_offset, pbytes + ibytes)
+        elif stage:
+            buf = self._staging.get(mv.state_id)
+            if buf is None:
+                buf = self._staging[mv.state_id] = torch.empty(mv.nbytes, dtype=torch.uint8)
+            dst = buf[mv.dst_offset:mv.dst_offset + pbytes + ibytes]
         else:
             dst = torch.empty(pbytes + ibytes, dtype=torch.uint8)
         if mv.pages:
             transfer.read_pages(self.kv, list(mv.pages), dst)
-        elif mv.nbytes:
+        elif mv.nbytes and not stage:
             dst[:pbytes].copy_(self.arena.view(mv.src_offset, pbytes))
         if mv.image_slot is not None:
             transfer.read_image(self._slot_store(mv.image_slot[0]), mv.image_slot[1], dst[pbytes:])
-        if mv.op != MOVE_TO_RAM:
+        if stage:
+            if mv.dst_offset + pbytes + ibytes == mv.nbytes:     # its last window: the bytes are complete
+                snapshots[mv.state_id] = memoryview(self._staging.pop(mv.state_id).numpy())
+        elif mv.op != MOVE_TO_RAM:
             snapshots[mv.state_id] = memoryview(dst.numpy())    # no copy: the view keeps the buffer alive
 
     def _restore(self, rs: RestoreOp) -> None:

@@ -10,8 +10,9 @@ Where it goes: into the KV-RAM arena when an extent fits there once KV-RAM retai
 (retained state is always discarded before any evicted live sequence), moved a window of pages a round
 (`eviction_step`, between decode rounds, while the other lanes keep generating; the last window carries its live
 state image). Otherwise, with KV-disk on, to a KV-disk file of kind "live" (cache/disk_format.py) once KV-disk
-retained states have gone to make room: its pages and image leave the device in one "to_bytes" move, the round after
-the eviction began, and the engine writes the file off the round path (ignisd/disk_traffic.py). An evicted sequence
+retained states have gone to make room: its pages and image leave the device the same way, a window a round, into a
+staging buffer the runner keeps ("to_stage" moves); the round that fills it hands the bytes over, and the engine
+writes the file off the round path (ignisd/disk_traffic.py). An evicted sequence
 already in the arena is never pushed down by a later one (the later one goes to KV-disk instead: the same bytes move
 either way). Before its restore the file is read back and verified; the sequence waits meanwhile, like a request
 whose match is on KV-disk. A write or read that fails loses its bytes: `take_lost` then tells the scheduler to
@@ -24,7 +25,7 @@ import itertools
 from dataclasses import dataclass
 
 from ignisd.cache.disk_format import DiskRecord, stamp_of
-from ignisd.plan import MOVE_TO_BYTES, MOVE_TO_RAM, RestoreOp, TierMove
+from ignisd.plan import MOVE_TO_RAM, MOVE_TO_STAGE, RestoreOp, TierMove
 from ignisd.vocab import AGENT, DISK, LIVE, RAM
 
 _OWNERS = itertools.count(1)
@@ -103,21 +104,21 @@ class LiveEviction:
         return True
 
     def eviction_step(self, seq_id: str, window: int) -> bool:
-        """Plan the next `window` pages of `seq_id` into its extent, or all of them as bytes for its KV-disk file (the
-        last move adds its image, then its pages and live slot are released: the moves run before the next round's
-        passes). Whether it is fully out."""
+        """Plan the next `window` pages of `seq_id` into its extent, or into its staging buffer for its KV-disk file
+        (the last move adds its image, then its pages and live slot are released: the moves run before the next
+        round's passes). Whether it is fully out."""
         ev = self._evicted[seq_id]
         if ev.done:
             return True
-        step = len(ev.pages) if ev.tier == DISK else max(1, window)
-        chunk = ev.pages[ev.moved:ev.moved + step]
+        chunk = ev.pages[ev.moved:ev.moved + max(1, window)]
         last = ev.moved + len(chunk) >= len(ev.pages)
         image = ("live", self._slot[seq_id]) if last and ev.with_image else None
+        at = ev.moved * self.tiers.page_bytes
         if ev.tier == DISK:
-            mv = TierMove(MOVE_TO_BYTES, seq_id, pages=tuple(chunk), image_slot=image)
+            mv = TierMove(MOVE_TO_STAGE, seq_id, pages=tuple(chunk), image_slot=image, dst_offset=at,
+                          nbytes=ev.nbytes)
         else:
-            mv = TierMove(MOVE_TO_RAM, seq_id, pages=tuple(chunk), image_slot=image,
-                          dst_offset=ev.offset + ev.moved * self.tiers.page_bytes)
+            mv = TierMove(MOVE_TO_RAM, seq_id, pages=tuple(chunk), image_slot=image, dst_offset=ev.offset + at)
         self.tiers.moves.append(mv)
         ev.moved += len(chunk)
         if last:

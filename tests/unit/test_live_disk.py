@@ -44,8 +44,8 @@ GEOM = KVGeometry(n_attention_layers=1, num_kv_heads=1, head_dim=2)
 
 class MarkingRunner(FakeRunner):
     """FakeRunner whose tier moves and restores run on a real Runner (see the module docstring). mismatches: what the
-    checks found wrong; moved / restored: per sequence, the bytes of its pages at its "to_bytes" move and right after
-    its restore."""
+    checks found wrong; moved / restored: per sequence, the bytes of its pages as its last move handed them over and
+    right after its restore."""
 
     def __init__(self, kv: KVStore, states: StateStore, arena, cache: CacheManager):
         super().__init__()
@@ -80,8 +80,8 @@ class MarkingRunner(FakeRunner):
         for mv in plan.moves:
             self.real._move(mv, snaps)
             self.move_ops.append(mv)
-            if mv.op == "to_bytes":
-                self.moved[mv.state_id] = bytes(snaps[mv.state_id])[:len(mv.pages) * self.kv.page_bytes]
+        for sid, payload in snaps.items():     # a live sequence's bytes, complete: its pages, then its image
+            self.moved[sid] = bytes(payload)[:len(payload) - self.states.slot_bytes]
         for rs in plan.restores:
             if self.on_restore is not None:
                 self.on_restore(rs)
@@ -189,14 +189,19 @@ def test_an_agent_the_arena_cannot_hold_goes_to_kv_disk_and_resumes_bit_exact(tm
         assert out[rid][-1].finish_reason is FinishReason.LENGTH
     assert toks(out["i"]) == [600, 601, 602]
     assert runner.mismatches == []                # every item saw its own pages and slot, restored ones included
-    (mv,) = [m for m in runner.move_ops if m.state_id == "a2"]
-    assert mv.op == "to_bytes" and mv.image_slot is not None and mv.image_slot[0] == "live"
-    n = len(mv.pages)
-    assert n == 5                                 # in one go: every page of its computed tokens
+    mvs = [m for m in runner.move_ops if m.state_id == "a2"]     # a window of 2 pages a round into its staging
+    pb = runner.kv.page_bytes
+    assert [(m.op, len(m.pages), m.dst_offset, m.nbytes) for m in mvs] == [
+        ("to_stage", 2, 0, 5 * pb + 8), ("to_stage", 2, 2 * pb, 5 * pb + 8), ("to_stage", 1, 4 * pb, 5 * pb + 8)]
+    assert [m.image_slot for m in mvs[:2]] == [None, None] and mvs[2].image_slot[0] == "live"
+    rounds = [k for k, p in enumerate(runner.plans) if any(m.state_id == "a2" for m in p.moves)]
+    assert rounds == [rounds[0], rounds[0] + 1, rounds[0] + 2]
+    assert all(any(it.seq_id == "a1" for it in runner.plans[k].items) for k in rounds)   # a1 decoded meanwhile
+    n = 5
     (rs,) = [r for p in runner.plans for r in p.restores if r.seq_id == "a2"]
     assert rs.tier == "disk" and rs.image_after_pages and len(rs.dst_pages) == n
     assert runner.restored["a2"] == runner.moved["a2"]            # the pages' bytes, before and after
-    at = next(k for k, p in enumerate(runner.plans) if mv in p.moves)
+    at = rounds[0]
     computed = max(it.start + len(it.token_ids) for p in runner.plans[:at] for it in p.items if it.seq_id == "a2")
     held = torch.frombuffer(bytearray(runner.moved["a2"]), dtype=torch.float32).view(n, 2, PT, 2)
     flat = held.permute(1, 0, 2, 3).reshape(2, n * PT, 2)[:, :computed]      # K then V of every computed position
@@ -271,7 +276,7 @@ def test_when_every_tier_is_full_of_live_work_the_interactive_request_waits(tmp_
     assert toks(out["i1"]) == [600 + k for k in range(10)]
     assert toks(out["i2"]) == [620, 621, 622]
     assert runner.mismatches == []
-    assert [m.state_id for m in runner.move_ops] == ["a2"]       # a1 was never moved
+    assert {m.state_id for m in runner.move_ops} == {"a2"}       # a1 was never moved
     assert rounds_of(runner, "i2")[0] > rounds_of(runner, "i1")[-1]   # it waited for i1's lane
     a1 = rounds_of(runner, "a1")
     assert all(k in a1 for k in range(12, a1[-1] + 1))           # a1 kept decoding every round meanwhile
@@ -338,12 +343,12 @@ def test_retained_state_leaves_the_arena_first_and_an_evicted_live_sequence_is_n
     assert w.tiers.disk_used == 2100 + 3000 + 100
     while not w.cache.eviction_step("x", 2):
         pass
-    assert w.cache.eviction_step("y", 2)                          # in one go
+    assert not w.cache.eviction_step("y", 2) and w.cache.eviction_step("y", 2)
     moves = w.cache.plan_moves()
-    assert [(m.op, m.state_id, m.pages, m.dst_offset) for m in moves] == [
-        ("to_bytes", r.id, (), None), ("to_ram", "x", tuple(x.pages[:2]), 0),
-        ("to_ram", "x", tuple(x.pages[2:4]), 2000), ("to_ram", "x", tuple(x.pages[4:5]), 4000),
-        ("to_bytes", "y", tuple(y.pages), None)]
+    assert [(m.op, m.state_id, m.pages, m.dst_offset, m.nbytes) for m in moves] == [
+        ("to_bytes", r.id, (), None, 2000), ("to_ram", "x", tuple(x.pages[:2]), 0, 0),
+        ("to_ram", "x", tuple(x.pages[2:4]), 2000, 0), ("to_ram", "x", tuple(x.pages[4:5]), 4000, 0),
+        ("to_stage", "y", tuple(y.pages[:2]), 0, 3000), ("to_stage", "y", tuple(y.pages[2:3]), 2000, 3000)]
     w.check()
     assert w.cache.admit_evicted("y", 3 * TPT).wait_for == "y"    # its bytes are not in memory yet
     assert w.cache.bytes_ready("y", b"\1" * 3000)                 # the round produced them
@@ -378,7 +383,9 @@ def test_kv_disk_full_of_live_work_refuses_without_moving_anything():
     assert r.id not in w.store and w.tiers.disk_used == 3100
     assert not w.cache.begin_eviction("y", 3 * TPT)               # x's file leaves no room: y stays where it is
     assert w.tiers.disk_used == 3100 and "y" not in w.cache._evicted and w.cache.plan_moves() == []
-    assert w.cache.eviction_step("x", 2) and w.cache.bytes_ready("x", b"\0" * 3000)
+    while not w.cache.eviction_step("x", 2):
+        pass
+    assert w.cache.bytes_ready("x", b"\0" * 3000)
     w.cache.disk_failed("x", w.cache.disk_file("x"))              # x's write fails: its bytes are lost
     assert w.tiers.disk_used == 0 and w.cache.take_lost("x") and w.tiers.counts["disk_errors"] == 1
     for sid in ("x", "y"):
@@ -406,3 +413,28 @@ def test_index_disk_at_start_removes_live_files_with_reuse_on_or_off(tmp_path, r
             assert setup.tiers.disk_used == size and setup.tiers.disk_foreign == 0
         else:                                      # nothing is restored; the file still takes its room
             assert counts["foreign"] == 1 and setup.tiers.disk_foreign == size and setup.tiers.disk_used == 0
+
+
+def test_staging_moves_hand_over_the_bytes_only_when_complete_and_forget_drops_a_partial_buffer():
+    from ignisd.plan import TierMove
+    kv = KVStore(get_kv_format("fp32"), GEOM, 8, page_tokens=PT)
+    states = StateStore([BufferSpec("recurrent", (2,), "float32")], 2)
+    g = torch.Generator().manual_seed(3)
+    for name in kv.buffer_names:
+        kv.buffer(name).copy_(torch.randn(kv.buffer(name).shape, generator=g))
+    states.buffer("recurrent")[1] = torch.tensor([1.5, -2.25])
+    r = Runner(None, kv, states, {}, None)
+    pb, total = kv.page_bytes, 3 * kv.page_bytes + states.slot_bytes
+    snaps: dict = {}
+    r._move(TierMove("to_stage", "s", pages=(6, 1), dst_offset=0, nbytes=total), snaps)
+    assert snaps == {}
+    r._move(TierMove("to_stage", "s", pages=(4,), image_slot=("live", 1), dst_offset=2 * pb, nbytes=total), snaps)
+    want = torch.empty(3 * pb, dtype=torch.uint8)
+    transfer.read_pages(kv, [6, 1, 4], want)
+    img = torch.empty(states.slot_bytes, dtype=torch.uint8)
+    transfer.read_image(states, 1, img)
+    assert bytes(snaps["s"]) == want.numpy().tobytes() + img.numpy().tobytes() and r._staging == {}
+    r._move(TierMove("to_stage", "t", pages=(2,), dst_offset=0, nbytes=total), snaps)
+    assert "t" in r._staging and "t" not in snaps
+    r.forget("t")                                  # it ended while being moved: its buffer goes
+    assert r._staging == {}
