@@ -12,12 +12,13 @@ Where it goes: into the KV-RAM arena when an extent fits there once KV-RAM retai
 state image). Otherwise, with KV-disk on, to a KV-disk file of kind "live" (cache/disk_format.py) once KV-disk
 retained states have gone to make room: its pages and image leave the device the same way, a window a round, into a
 staging buffer the runner keeps ("to_stage" moves); the round that fills it hands the bytes over, and the engine
-writes the file off the round path (ignisd/disk_traffic.py). An evicted sequence
-already in the arena is never pushed down by a later one (the later one goes to KV-disk instead: the same bytes move
-either way). Before its restore the file is read back and verified; the sequence waits meanwhile, like a request
-whose match is on KV-disk. A write or read that fails loses its bytes: `take_lost` then tells the scheduler to
-recompute it. When neither tier can hold it, `begin_eviction` says so: the scheduler re-queues it to be recomputed
-with KV-disk off, and with KV-disk on (every tier full of live work) lets the waiting request wait instead.
+writes the file off the round path (ignisd/disk_traffic.py). An evicted sequence already in the arena is never
+pushed down by a later one (the later one goes to KV-disk instead: the same bytes move either way). Before its
+restore the file is read back and verified; the sequence waits meanwhile, like a request whose match is on KV-disk
+(while the file is being written, its bytes still in memory serve the restore). A write or read that fails loses its
+bytes: `take_lost` then tells the scheduler to recompute it. When neither tier can hold it, `begin_eviction` says
+so: the scheduler re-queues it to be recomputed with KV-disk off, and with KV-disk on (every tier full of live work)
+lets the waiting request wait instead.
 """
 from __future__ import annotations
 
@@ -86,8 +87,7 @@ class LiveEviction:
                              priority: str) -> bool:
         t, store = self.tiers, self.retained
         need = nbytes + t.header_bytes
-        live = sum(ev.disk_bytes for ev in self._evicted.values() if ev.tier == DISK)
-        if t.disk_capacity <= 0 or t.disk_foreign + live + need > t.disk_capacity:
+        if t.disk_capacity <= 0 or t.disk_foreign + self._live_disk_bytes() + need > t.disk_capacity:
             return False                              # KV-disk off, or full of live work
         while not t.disk_fits(nbytes):
             x = store.victim(tier=DISK) if store is not None else None
@@ -170,7 +170,8 @@ class LiveEviction:
 
     def _own_restore_done(self, seq_id: str) -> None:
         """The restore of an evicted sequence ran (or the sequence ended, or lost its bytes): free its extent, or
-        its share of KV-disk and its file (a write still in flight is removed when it lands: ``_live_written``)."""
+        its share of KV-disk and its file (a write still in flight is removed when it lands: ``disk_written`` then
+        answers False)."""
         ev = self._evicted.pop(seq_id, None)
         if ev is None:
             return
