@@ -30,7 +30,9 @@ class DiskTraffic:
         self.disk = disk
         self.wake = wake
         self.metrics = metrics
-        self._tasks: dict[str, asyncio.Task] = {}     # state id -> its write or read in flight
+        self._tasks: dict[str, asyncio.Task] = {}     # state id -> its latest write or read in flight
+        self._running: set[asyncio.Task] = set()      # every one in flight (a live sequence evicted again can have an
+                                                      # older file's write still landing)
         # read buffers: a fresh one costs its page faults (~1 GB/s on these machines, several times the read and
         # its checksum), so the largest one a restore is done with is kept for the next read
         self._lent: dict[str, tuple[bytearray, memoryview]] = {}   # state id -> (buffer, the payload view of it)
@@ -39,7 +41,7 @@ class DiskTraffic:
     @property
     def busy(self) -> bool:
         """A read or write is in flight."""
-        return any(not t.done() for t in self._tasks.values())
+        return any(not t.done() for t in self._running)
 
     def written_out(self, snapshots: dict[str, bytes]) -> None:
         """A round produced these states' bytes: keep them for restores and start writing their files."""
@@ -74,7 +76,15 @@ class DiskTraffic:
         return bytearray(nbytes)
 
     def _start(self, sid: str, coro) -> None:
-        self._tasks[sid] = asyncio.ensure_future(coro)
+        task = self._tasks[sid] = asyncio.ensure_future(coro)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    def _settled(self, sid: str) -> None:
+        """The current task of `sid` ends: forget it (unless a newer one of `sid` replaced it), wake the engine."""
+        if self._tasks.get(sid) is asyncio.current_task():
+            del self._tasks[sid]
+        self.wake()
 
     async def _write(self, sid: str, payload: bytes) -> None:
         record = self.cache.disk_record(sid)
@@ -93,8 +103,7 @@ class DiskTraffic:
                 self.metrics.tier_disk_writes.inc()
                 self.metrics.tier_disk_write_bytes.inc(size)
         finally:
-            self._tasks.pop(sid, None)
-            self.wake()
+            self._settled(sid)
 
     async def _read(self, sid: str) -> None:
         key = self.cache.disk_file(sid)
@@ -120,8 +129,7 @@ class DiskTraffic:
                 self.metrics.tier_disk_reads.inc()
                 self.metrics.tier_disk_read_bytes.inc(total)
         finally:
-            self._tasks.pop(sid, None)
-            self.wake()
+            self._settled(sid)
 
     def _delete_quietly(self, key: str) -> None:
         try:
@@ -155,6 +163,6 @@ class DiskTraffic:
 
     async def drain(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for the reads and writes in flight (shutdown)."""
-        pending = [t for t in self._tasks.values() if not t.done()]
+        pending = [t for t in self._running if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=timeout)
