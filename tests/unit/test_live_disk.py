@@ -438,3 +438,30 @@ def test_staging_moves_hand_over_the_bytes_only_when_complete_and_forget_drops_a
     assert "t" in r._staging and "t" not in snaps
     r.forget("t")                                  # it ended while being moved: its buffer goes
     assert r._staging == {}
+
+
+def test_an_older_file_landing_after_the_sequence_was_evicted_again_touches_only_itself():
+    """x goes to KV-disk, resumes from its bytes in memory before its file is written, and is evicted again (a new
+    file, a new key) before the first write lands: that write and a failure of it answer for the old key only."""
+    from ignisd.plan import RoundPlan
+    from test_tier_policy import PT as TPT, World, toks as ttoks
+    w = World(pages=16, arena_pages=0, disk_bytes=100_000)
+    w.cache.admit("x", ttoks(2, 5), 3 * TPT, reuse=False)
+    assert w.cache.begin_eviction("x", 2 * TPT) and w.cache.eviction_step("x", 4)
+    assert w.cache.bytes_ready("x", b"\1" * 2000)
+    old = w.cache.disk_file("x")
+    adm = w.cache.admit_evicted("x", 3 * TPT)
+    assert adm.restore.payload == b"\1" * 2000
+    w.cache.finish_round(RoundPlan((), (adm.restore,)))
+    assert w.cache.take_disk_deletes() == [old] and w.tiers.disk_used == 0
+    assert w.cache.begin_eviction("x", 3 * TPT) and w.cache.eviction_step("x", 4)
+    new = w.cache.disk_record("x").key
+    assert new != old and w.tiers.disk_used == 3000 + 100
+    assert not w.cache.disk_written("x", 2300, old)               # the caller removes the old file
+    w.cache.disk_failed("x", old)
+    assert w.cache._evicted["x"].in_flight and not w.cache.take_lost("x") and w.tiers.disk_used == 3100
+    assert w.cache.bytes_ready("x", b"\2" * 3000) and w.cache.disk_written("x", 3300, new)
+    assert w.tiers.disk_used == 3300 and w.cache.payload_of("x") is None
+    w.cache.release("x")
+    assert w.tiers.disk_used == 0 and w.cache.take_disk_deletes() == [new]
+    w.check()
