@@ -64,7 +64,7 @@ class QuantTable:
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """LongTensor [T] -> fp32 [T, H], the file's weights exactly."""
-        return self.table.take_rows(ids).dequantize()
+        return self.table.dequantize_rows(ids)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, H] -> fp32 [N, V]: the fast head, then the `rescore` largest of each row recomputed in fp32."""
@@ -73,6 +73,6 @@ class QuantTable:
         if k:
             top = out.topk(k, dim=1, sorted=False).indices                       # [N, k]
             w = self.rows(top.reshape(-1)).view(*top.shape, -1)                 # [N, k, H]
-            exact = torch.bmm(w, x.float().unsqueeze(-1)).squeeze(-1)          # [N, k]
+            exact = (w * x.float().unsqueeze(1)).sum(-1)      # [N, k] (MKL's bmm takes 6x longer on these shapes)
             out.scatter_(1, top, exact)
         return out

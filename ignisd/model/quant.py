@@ -59,6 +59,16 @@ class GroupQuant:
         w = self.q.float().view(n, k // GROUP, GROUP) * self.d[:, :, None] + self.m[:, :, None]
         return w.view(n, k).to(dtype)
 
+    def dequantize_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """fp32 [len(index), K]: rows `index` (LongTensor [R]) of ``dequantize()``, equal to it bit for bit, without
+        building the sub-GroupQuant (the embedding lookup and the LM head's exact rescoring run this every step)."""
+        k = self.q.shape[1]
+        w = self.q.index_select(0, index).float().view(-1, k // GROUP, GROUP)
+        w.mul_(self.d.index_select(0, index).unsqueeze(-1))
+        if self.kind != "Q8_0":                   # m is zero for Q8_0: adding it changes nothing
+            w.add_(self.m.index_select(0, index).unsqueeze(-1))
+        return w.view(-1, k)
+
     @property
     def nbytes(self) -> int:
         """Bytes held here (codes at one byte each, scales at fp32)."""

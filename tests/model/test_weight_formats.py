@@ -143,7 +143,7 @@ def native_quality(smollm_native, smollm_ours):
     prompts = real_prompts(ignis_smollm_tokenizer())
     q = compare_models(smollm_ours.model, smollm_native.model, smollm_ours.spec, prompts)
     print(f"native vs fp32, {q.prompts} prompts: mean KL {q.mean_kl:.3g} (max {q.max_kl:.3g}), top-1 {q.top1:.4f}, "
-          f"greedy identical {q.greedy_same}/{q.prompts}")
+          f"greedy identical {q.greedy_same}/{q.prompts}, fp32 top-2 margins where they part {q.margins}")
     return q
 
 
@@ -152,6 +152,13 @@ def test_native_kl_against_fp32(native_quality):
     assert native_quality.top1 >= 0.97
 
 
-@pytest.mark.xfail(reason="17/20 measured: the int4 kernel's bf16 activations and scales (see CHANGELOG)", strict=False)
+def test_native_greedy_parts_only_at_near_ties(native_quality):
+    """Where native's greedy text differs from fp32's, fp32 itself had two tokens within 0.1 of a logit (0.2 % of a
+    typical top logit of ~25): a tie the bf16 activations break the other way."""
+    assert all(m < 0.1 for m in native_quality.margins), native_quality.margins
+
+
+@pytest.mark.xfail(reason="17/20 measured (the 3 others part at fp32 margins of 0.001-0.05 logits): the int4 "
+                          "kernel's bf16 activations and scales", strict=False)
 def test_native_greedy_against_fp32(native_quality):
     assert native_quality.greedy_same >= 18, native_quality

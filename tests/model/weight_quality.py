@@ -62,23 +62,31 @@ def greedy(model, spec, ids: list[int], n: int = GREEDY_TOKENS) -> list[int]:
 class Quality:
     """mean_kl: mean over prompts of the per-position mean KL(p_ref ‖ p_got) (nats); max_kl: its largest prompt;
     top1: fraction of positions with the same argmax; greedy_same: prompts whose greedy continuations are identical;
-    prompts: how many."""
+    prompts: how many; margins: for each prompt whose continuations differ, the gap between ref's two largest logits
+    at the first differing token (a near-tie there is a tie broken the other way, not a different model)."""
 
     mean_kl: float
     max_kl: float
     top1: float
     greedy_same: int
     prompts: int
+    margins: list[float]
 
 
 def compare_models(ref, got, spec, prompts: list[list[int]], n_greedy: int = GREEDY_TOKENS) -> Quality:
     """Quality of model `got` against model `ref` (both Decoders of the same spec) on `prompts`."""
-    kls, top1 = [], []
+    kls, top1, margins = [], [], []
     same = 0
     for ids in prompts:
         lr = torch.log_softmax(teacher_forced(ref, spec, ids), -1)
         lg = torch.log_softmax(teacher_forced(got, spec, ids), -1)
         kls.append(float((lr.exp() * (lr - lg)).sum(-1).mean()))
         top1.append(float((lr.argmax(-1) == lg.argmax(-1)).float().mean()))
-        same += greedy(ref, spec, ids, n_greedy) == greedy(got, spec, ids, n_greedy)
-    return Quality(sum(kls) / len(kls), max(kls), sum(top1) / len(top1), same, len(prompts))
+        a, b = greedy(ref, spec, ids, n_greedy), greedy(got, spec, ids, n_greedy)
+        if a == b:
+            same += 1
+            continue
+        j = next(i for i in range(len(a)) if a[i] != b[i])
+        top = teacher_forced(ref, spec, ids + a[:j])[-1].topk(2).values
+        margins.append(float(top[0] - top[1]))
+    return Quality(sum(kls) / len(kls), max(kls), sum(top1) / len(top1), same, len(prompts), margins)
