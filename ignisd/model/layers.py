@@ -15,8 +15,17 @@ import torch.nn.functional as F
 from ignisd.model.spec import ModelSpec
 
 
-def take_weight(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """Remove and return tensor `name` from `weights`, checking its shape.
+class LazyWeight:
+    """A weight read only when taken: shape (its [out, in] shape, checked before reading) and make() -> the weight
+    (a tensor or a quant.GroupQuant). The GGUF loader hands the decoder its quantized tensors this way."""
+
+    def __init__(self, shape: tuple[int, ...], make) -> None:
+        self.shape, self.make = tuple(shape), make
+
+
+def take_weight(weights: dict, name: str, shape: tuple[int, ...]):
+    """Remove and return weight `name` from `weights` (a tensor or a quant.GroupQuant; a LazyWeight is made here),
+    checking its shape.
 
     Raises KeyError when it is missing and ValueError when its shape is not `shape`.
     """
@@ -25,7 +34,7 @@ def take_weight(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, .
     t = weights.pop(name)
     if tuple(t.shape) != shape:
         raise ValueError(f"tensor {name} has shape {tuple(t.shape)}, expected {shape}")
-    return t
+    return t.make() if isinstance(t, LazyWeight) else t
 
 
 def distinct_bytes(tensors) -> int:

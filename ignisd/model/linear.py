@@ -152,6 +152,35 @@ class Int8x2Linear:
         return y if self.b is None else y + self.b
 
 
+class Int8RowLinear:
+    """A weight requantized to int8 with one scale per output row (torch's ``_weight_int8pack_mm``, bf16):
+    s = max|w_row| / 127, c = round(w / s). Not the file's weights (a Q8_0 row has a scale per 32): the LM head uses
+    it only to find the candidates it then rescores exactly (lm_head.QuantTable).
+
+    w: dense [out, in] float, or a GroupQuant (dequantized a block of rows at a time: no fp32 copy of the whole
+    table ever exists). x: [T, in]; returns [T, out] bf16.
+    """
+
+    def __init__(self, w: torch.Tensor | GroupQuant) -> None:
+        n, k = w.shape
+        self.q = torch.empty(n, k, dtype=torch.int8)
+        s = torch.empty(n)
+        for i in range(0, n, _PACK_ROWS):
+            rows = torch.arange(i, min(n, i + _PACK_ROWS))
+            wb = w.dequantize_rows(rows) if isinstance(w, GroupQuant) else w[i:i + _PACK_ROWS].float()
+            s[i:i + len(rows)] = wb.abs().amax(dim=1).clamp_min(1e-30) / 127.0
+            self.q[i:i + len(rows)] = torch.round(wb / s[i:i + len(rows), None]).clamp_(-127, 127).to(torch.int8)
+        self.s = s.to(torch.bfloat16)
+        self.out_features, self.in_features = n, k
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.q, self.s]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.q, self.s)
+
+
 WEIGHT_FORMATS = ("native", "bf16", "fp32")
 _PACK_ROWS = 4096
 

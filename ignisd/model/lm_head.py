@@ -2,22 +2,26 @@
 
 - ``DenseTable``: a dense [V, H] tensor (fp32: the exact reference; bf16): F.embedding rows, F.linear logits.
 - ``QuantTable``: a GroupQuant table (the built-in model's Q8_0 token_embd). Rows are dequantized exactly (d·c in
-  fp32, as gguf's dequantize). Logits run through a fast head (``head``: the Q8_0 weight as two int4 layouts,
-  linear.Int8x2Linear, or bf16) whose products come back rounded to bf16 — up to 2^-9 relative, 0.06 on a logit of
-  20 — so the ``rescore`` largest logits of each row are then recomputed exactly in fp32 from the dequantized rows:
-  the tokens that carry the probability get fp32 logits (argmax and sampling match the fp32 route), the tail keeps
-  the fast ones.
+  fp32, as gguf's dequantize). Logits run through a fast candidate head, then the ``rescore`` largest logits of each
+  row are recomputed exactly in fp32 from the dequantized rows: the tokens that carry the probability get the fp32
+  route's logits (argmax and sampling among them match it), the tail keeps the fast ones. Heads (``head``):
+  "int8" (default: the table requantized to int8 with a scale per row, torch's _weight_int8pack_mm, 28 MB; the
+  fastest at 1 and 8 rows in tools/bench_weights.py), "int8x2" (the Q8_0 codes exactly as two int4 layouts,
+  linear.Int8x2Linear, 35 MB, ~1.5x slower) or "bf16" (57 MB). Every head's products come back rounded to bf16
+  (up to 2^-9 relative: 0.06 on a logit of 20), which is why the top is rescored.
+  On the 20-prompt check (tests/model/weight_quality.py) native's mean KL against fp32 is 7.2e-4 with int8x2 and
+  rescore 64, 8.6e-4 with int8 and 64, 7.9e-4 with int8 and 128 (the default), 1.6e-3 with no rescoring.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ignisd.model.linear import INT4_AVAILABLE, Bf16Linear, Int8x2Linear
+from ignisd.model.linear import INT4_AVAILABLE, Bf16Linear, Int8RowLinear, Int8x2Linear
 from ignisd.model.quant import GroupQuant
 
-RESCORE = 64
-"""Logits per row recomputed exactly in fp32 by QuantTable (measured on 20 real prompts in tools/bench_weights.py)."""
+RESCORE = 128
+"""Logits per row recomputed exactly in fp32 by QuantTable (module docstring for the measured choice)."""
 
 
 class DenseTable:
@@ -44,19 +48,20 @@ class DenseTable:
 class QuantTable:
     """Embedding and LM head over a GroupQuant table (module docstring).
 
-    w: GroupQuant [V, H]. head: "int8x2" (Q8_0 only, needs the int4 kernels) or "bf16" (a bf16 copy of the
-    dequantized table). rescore: logits per row recomputed exactly (0: none). Raises ValueError for another head or
-    int8x2 on a kind other than Q8_0.
+    w: GroupQuant [V, H]. head: "int8" | "int8x2" (Q8_0 with the int4 kernels; else bf16) | "bf16".
+    rescore: logits per row recomputed exactly (0: none). Raises ValueError for another head.
     """
 
-    def __init__(self, w: GroupQuant, head: str = "int8x2", rescore: int = RESCORE) -> None:
+    def __init__(self, w: GroupQuant, head: str = "int8", rescore: int = RESCORE) -> None:
         self.table, self.shape, self.rescore = w, w.shape, rescore
         if head == "int8x2" and INT4_AVAILABLE and w.kind == "Q8_0":
             self.head = Int8x2Linear(w)
+        elif head == "int8":
+            self.head = Int8RowLinear(w)
         elif head in ("bf16", "int8x2"):
             self.head = Bf16Linear(w.dequantize())
         else:
-            raise ValueError(f"QuantTable: head {head!r}; known: int8x2, bf16")
+            raise ValueError(f"QuantTable: head {head!r}; known: int8, int8x2, bf16")
 
     @property
     def tensors(self) -> list[torch.Tensor | None]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from ignisd.log import get_logger
 from ignisd.model.hybrid import Decoder
 from ignisd.model.hybrid_weights import hf_weight_name, skipped_group, split_fused_gdn
+from ignisd.model.layers import LazyWeight
 from ignisd.model.quant import QUANT_TYPES, from_gguf_blocks
 from ignisd.model.spec import ModelSpec
 
@@ -158,8 +160,10 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 def _read_gguf_weights(path: Path, reader: Any, spec: ModelSpec, progress,
                        keep_quantized: bool = False) -> dict[str, Any]:
     """Every tensor of the open GGUF `reader` with HF names and row order: dequantised to fp32 torch tensors
-    (gguf.quants.dequantize), or with keep_quantized the types of quant.QUANT_TYPES as quant.GroupQuant (codes and
-    scales, rows un-permuted the same way) and the rest dequantised."""
+    (gguf.quants.dequantize), or with keep_quantized the types of quant.QUANT_TYPES as layers.LazyWeight of a
+    quant.GroupQuant (codes and scales, rows un-permuted the same way; unpacked from the memory map only when the
+    decoder takes it, so the codes of one layer at a time are ever held beside the packed model) and the rest
+    dequantised."""
     import gguf
 
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
@@ -171,11 +175,10 @@ def _read_gguf_weights(path: Path, reader: Any, spec: ModelSpec, progress,
             continue
         shape = tuple(int(x) for x in reversed(t.shape))   # ggml lists dims fastest-first
         if keep_quantized and t.tensor_type.name in QUANT_TYPES and len(shape) == 2:
-            gq = from_gguf_blocks(t.tensor_type.name, t.data, shape)
-            heads = spec.num_heads if hf.endswith("q_proj.weight") else spec.num_kv_heads
+            heads = None
             if hf.endswith(("q_proj.weight", "k_proj.weight")):
-                gq = gq.take_rows(torch.from_numpy(unpermute_rows(np.arange(shape[0]), heads)))
-            weights[hf] = gq
+                heads = spec.num_heads if hf.endswith("q_proj.weight") else spec.num_kv_heads
+            weights[hf] = LazyWeight(shape, partial(_gguf_group_quant, t, shape, heads))
             continue
         try:
             arr = gguf.quants.dequantize(t.data, t.tensor_type)
@@ -188,6 +191,14 @@ def _read_gguf_weights(path: Path, reader: Any, spec: ModelSpec, progress,
             arr = unpermute_rows(arr, spec.num_kv_heads)
         weights[hf] = torch.from_numpy(arr.copy())  # own memory (F32 data is a view of the mmap)
     return weights
+
+
+def _gguf_group_quant(t: Any, shape: tuple[int, int], heads: int | None):
+    """The GroupQuant of GGUF tensor t (HF shape `shape`), its rows un-permuted for `heads` heads when not None."""
+    gq = from_gguf_blocks(t.tensor_type.name, t.data, shape)
+    if heads is not None:
+        gq = gq.take_rows(torch.from_numpy(unpermute_rows(np.arange(shape[0]), heads)))
+    return gq
 
 
 def _read_hf_weights(path: Path, spec: ModelSpec, progress) -> dict[str, torch.Tensor]:

@@ -93,7 +93,8 @@ def test_quant_table_rows_exact_and_top_logits_fp32(smollm_reader):
     top = ref.topk(8, dim=1).indices
     torch.testing.assert_close(got.gather(1, top), ref.gather(1, top), rtol=1e-5, atol=1e-4)
     assert torch.equal(got.argmax(1), ref.argmax(1))
-    assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-2      # the tail: bf16 products
+    # the tail: the int8-per-row candidate head's products (row requantization + bf16 output)
+    assert ((got - ref).abs().max() / ref.abs().max()).item() < 5e-2
 
 
 def test_make_linear_forms_and_errors(smollm_reader):
