@@ -163,3 +163,21 @@ def test_native_greedy_parts_only_at_near_ties(native_quality):
                           "kernel's bf16 activations and scales", strict=False)
 def test_native_greedy_against_fp32(native_quality):
     assert native_quality.greedy_same >= 18, native_quality
+
+
+@pytest.mark.parametrize("fmt", ["native", "bf16"])
+def test_hf_checkpoint_formats_against_transformers(tiny_llama_dir, tiny_hf, prompt_ids, fmt):
+    """An HF checkpoint has nothing to keep quantized: native is the fp32 route (transformers' logits to 1e-4);
+    bf16 runs its matmuls in bf16 (within 2e-2 of the logits, the bf16 KV format's bound in test_model_tiny)."""
+    from model_helpers import run_chunked, shuffled_pages
+
+    from ignisd.cache.kv_format import get_kv_format
+    from ignisd.cache.kv_store import KVStore
+    from ignisd.model.loader import load_model
+    lm = load_model(tiny_llama_dir, weight_format=fmt)
+    ids = prompt_ids["code"]
+    kv = KVStore(get_kv_format("fp32"), lm.spec, 16, page_tokens=64)
+    ours = run_chunked(lm.model, kv, ids, 64, 3, shuffled_pages(-(-len(ids) // 64), 16, seed=3))
+    with torch.inference_mode():
+        ref = tiny_hf(torch.tensor([ids])).logits[0].float()
+    assert (ours - ref).abs().max().item() <= (1e-4 if fmt == "native" else 2e-2)
