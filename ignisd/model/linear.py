@@ -67,9 +67,11 @@ class Bf16Linear:
 
     @property
     def tensors(self) -> list[torch.Tensor | None]:
+        """The resident tensors (for weight_bytes; None for an absent bias)."""
         return [self.w, self.b]
 
     def weight(self) -> torch.Tensor:
+        """The [out, in] weight as held (bf16-rounded), in fp32."""
         return self.w.float()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -118,6 +120,7 @@ class Int4Linear:
 
     @property
     def tensors(self) -> list[torch.Tensor | None]:
+        """The resident tensors (for weight_bytes; None for an absent bias)."""
         return [self.packed, self.sz, self.b]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -144,6 +147,7 @@ class Int8x2Linear:
 
     @property
     def tensors(self) -> list[torch.Tensor | None]:
+        """The resident tensors (for weight_bytes; None for an absent bias)."""
         return [*self.hi, *self.lo, self.b]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -175,6 +179,7 @@ class Int8RowLinear:
 
     @property
     def tensors(self) -> list[torch.Tensor]:
+        """The resident tensors (for weight_bytes; None for an absent bias)."""
         return [self.q, self.s]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -65,6 +65,7 @@ class QuantTable:
 
     @property
     def tensors(self) -> list[torch.Tensor | None]:
+        """The resident tensors (for weight_bytes; None for an absent bias)."""
         return [self.table.q, self.table.d, self.table.m, *self.head.tensors]
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
