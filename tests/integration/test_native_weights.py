@@ -2,6 +2,7 @@
 through the int4 kernels) end to end: a factual answer, and batched decode equal to single-lane decode (the int4
 and int8 kernels compute each row alone, so a lane's tokens do not depend on its neighbours)."""
 import pytest
+from daemon_support import alone_and_batched
 
 pytestmark = pytest.mark.smollm
 
@@ -14,11 +15,6 @@ def native_daemon(start_daemon):
     return start_daemon(["--lanes", "4", "--vram-kv-pool-bytes", "8Ktok"])
 
 
-def _body(rid, prompt, n):
-    return {"id": rid, "op": "chat", "messages": [{"role": "user", "content": prompt}], "temperature": 0,
-            "max_tokens": n, "logprobs": True, "top_logprobs": 2}
-
-
 def test_native_answers_paris(native_daemon):
     c = native_daemon.conn()
     done = c.request({"id": "p", "op": "chat", "temperature": 0, "max_tokens": 24, "messages": [
@@ -29,17 +25,7 @@ def test_native_answers_paris(native_daemon):
 
 
 def test_native_batched_decode_equals_single_lane(native_daemon):
-    c = native_daemon.conn()
-    alone = {i: c.request(_body(f"a{i}", p, 24)) for i, p in enumerate(PROMPTS)}
-    for i, p in enumerate(PROMPTS):
-        c.send(_body(f"b{i}", p, 24))
-    batched = {}
-    while len(batched) < len(PROMPTS):
-        r = c.recv()
-        if r["type"] in ("done", "error"):
-            batched[int(r["id"][1:])] = r
-    c.close()
-    native_daemon.wait_idle()
+    alone, batched = alone_and_batched(native_daemon, PROMPTS, 24)
     for i in range(len(PROMPTS)):
         ids_a = [e["token_id"] for e in alone[i]["logprobs"]]
         ids_b = [e["token_id"] for e in batched[i]["logprobs"]]
