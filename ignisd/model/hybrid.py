@@ -176,7 +176,8 @@ class Decoder:
     Raises KeyError naming a missing tensor, ValueError on a shape mismatch or attention biases on a hybrid.
     weight_format: "fp32" (every matmul an fp32 DenseLinear: the oracle reference), "native" (GroupQuant weights of
     a GGUF run by the int4 kernels, ignisd.model.linear, and a quantized token table, lm_head.QuantTable; dense
-    tensors as given) or "bf16" (bf16 matmul weights and token table). The residual stream, norms, rotary and
+    tensors as given) or "bf16" (llama's projections, dense MLPs and the token table in bf16; the hybrids' GDN, gated
+    attention and MoE experts stay fp32). The residual stream, norms, rotary and
     attention are fp32 in every format; the delta-rule state is always fp32. Weights may be GroupQuant only on llama
     layers (attention q/k/v/o, mlp gate/up/down) and the token table.
 
