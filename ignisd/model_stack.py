@@ -105,7 +105,7 @@ class ModelStack:
         t0 = time.monotonic()
         torch.set_num_threads(cfg.effective_threads())
         try:
-            self.loaded = load_model(src, progress=progress)
+            self.loaded = load_model(src, progress=progress, weight_format=cfg.model.weight_format)
         except Exception as e:  # any failure reading the weights (safetensors, gguf, shapes) is a load failure
             raise StartupError(f"model.path {where}: cannot load: {type(e).__name__}: {e}") from None
         spec = self.loaded.spec

@@ -15,7 +15,7 @@ from ignisd.vocab import PAGE_TOKENS
 AVAILABLE_KV_FORMATS = ("fp32", "bf16", "hq-e8-2b")
 HQ_MIN_HEAD_DIM = 128
 """The default rule of DESIGN §4.6 / §6: hq-e8-2b for models whose attention head_dim is at least this."""
-AVAILABLE_WEIGHT_FORMATS = ("native", "fp32")
+AVAILABLE_WEIGHT_FORMATS = ("native", "bf16", "fp32")
 
 
 class StartupError(Exception):
@@ -52,8 +52,7 @@ def check_formats(cfg: Config) -> None:
     wf = cfg.model.weight_format
     if wf not in AVAILABLE_WEIGHT_FORMATS:
         raise StartupError(f"model.weight_format = {wf!r} is not available in this build; allowed: "
-                           f"{', '.join(AVAILABLE_WEIGHT_FORMATS)} (native serves the weights dequantized to fp32 "
-                           f"until quantized kernels exist)", exit_code=2)
+                           f"{', '.join(AVAILABLE_WEIGHT_FORMATS)}", exit_code=2)
 
 
 def choose_kv_format(cfg: Config, head_dim: int, device: str = "cpu") -> tuple[str, str]:

@@ -61,8 +61,9 @@ def tiny_daemon(start_daemon, tiny_llama_dir) -> DaemonProc:
 
 @pytest.fixture(scope="session")
 def smollm_daemon(start_daemon) -> DaemonProc:
-    """The shared daemon on the built-in SmolLM2 (no --model): 8 lanes, fp32 KV."""
-    return start_daemon(["--lanes", "8", "--vram-kv-pool-bytes", "32Ktok"])
+    """The shared daemon on the built-in SmolLM2 (no --model): 8 lanes, fp32 KV, fp32 weights (its prompt logprobs
+    are checked against transformers on gguf's dequantized weights; other daemons run the native default)."""
+    return start_daemon(["--lanes", "8", "--vram-kv-pool-bytes", "32Ktok", "--model-weight-format", "fp32"])
 
 
 @pytest.fixture(scope="session")

@@ -189,3 +189,25 @@ def agents_then_interactive(d: DaemonProc, agents: dict, interactive: list, *, m
     for t in threads:
         t.join(120)
     return r, out
+
+
+def greedy_chat_body(rid: str, prompt: str, n: int) -> dict:
+    """A greedy `chat` request of n tokens for one user prompt, with the top-2 logprobs of every token."""
+    return {"id": rid, "op": "chat", "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+            "max_tokens": n, "logprobs": True, "top_logprobs": 2}
+
+
+def alone_and_batched(daemon: "DaemonProc", prompts: list[str], n: int) -> tuple[dict, dict]:
+    """Each prompt's greedy reply run alone (one after another), then all sent at once: ({i: done}, {i: done})."""
+    c = daemon.conn()
+    alone = {i: c.request(greedy_chat_body(f"a{i}", p, n)) for i, p in enumerate(prompts)}
+    for i, p in enumerate(prompts):
+        c.send(greedy_chat_body(f"b{i}", p, n))
+    batched = {}
+    while len(batched) < len(prompts):
+        r = c.recv()
+        if r["type"] in ("done", "error"):
+            batched[int(r["id"][1:])] = r
+    c.close()
+    daemon.wait_idle()
+    return alone, batched

@@ -19,7 +19,7 @@ import torch
 import ignis_kernels.attention as kattn
 from ignis_kernels.attention import PagedKV
 from ignisd.model.batch import ForwardBatch, ForwardContext
-from ignisd.model.layers import apply_rope, linear_t
+from ignisd.model.layers import apply_rope
 
 
 @dataclass
@@ -117,16 +117,14 @@ def store_and_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: For
 class Attention:
     """One llama self-attention layer.
 
-    w_qkv: [(Hq + 2 Hkv) * d, H] (q rows, k rows, v rows in HF rotate-half order); w_o: [H, Hq * d];
-    optional biases b_qkv, b_o (weights stored transposed, see linear_t). num_heads, num_kv_heads, head_dim:
-    counts. kv_layer: this layer's index among the attention layers (its layer in the KV store). Scale
-    1/sqrt(head_dim).
+    qkv: the fused projection [(Hq + 2 Hkv) * d, H] (q rows, k rows, v rows in HF rotate-half order), o: [H, Hq * d];
+    each a linear layer of ignisd.model.linear (dense, bf16 or quantized, biases inside), see hybrid._llama_attention.
+    num_heads, num_kv_heads, head_dim: counts. kv_layer: this layer's index among the attention layers (its layer in
+    the KV store). Scale 1/sqrt(head_dim).
     """
 
-    def __init__(self, w_qkv: torch.Tensor, w_o: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
-                 kv_layer: int, b_qkv: torch.Tensor | None = None, b_o: torch.Tensor | None = None) -> None:
-        self.w_qkv_t, self.w_o_t = w_qkv.t().contiguous(), w_o.t().contiguous()
-        self.b_qkv, self.b_o = b_qkv, b_o
+    def __init__(self, qkv, o, num_heads: int, num_kv_heads: int, head_dim: int, kv_layer: int) -> None:
+        self.qkv, self.o = qkv, o
         self.hq, self.hkv, self.d = num_heads, num_kv_heads, head_dim
         self.kv_layer = kv_layer
         self.q_dim, self.kv_dim = num_heads * head_dim, num_kv_heads * head_dim
@@ -134,19 +132,20 @@ class Attention:
     @property
     def tensors(self) -> list[torch.Tensor | None]:
         """The resident weight tensors (for weight_bytes; None for an absent bias)."""
-        return [self.w_qkv_t, self.w_o_t, self.b_qkv, self.b_o]
+        return [*self.qkv.tensors, *self.o.tensors]
 
     def __call__(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """x: [T', H] normed hidden states (T' >= T = ctx.batch.num_tokens: rows past T are padding whose output is
         zero); ctx.cos, ctx.sin: [T', 1, d] rotary tables of the positions. Writes this layer's K/V of the T tokens
-        to ctx.kv (store_and_attend) and returns the attention output [T', H]."""
+        to ctx.kv (store_and_attend) and returns the attention output [T', H] (fp32, or bf16 out of a bf16 /
+        quantized o projection)."""
         t_all = x.shape[0]
         batch, cos, sin = ctx.batch, ctx.cos, ctx.sin
         t = batch.num_tokens
-        qkv = linear_t(x, self.w_qkv_t, self.b_qkv)[:t]
+        qkv = self.qkv(x)[:t]
         qk = qkv[:, :self.q_dim + self.kv_dim].view(t, self.hq + self.hkv, self.d)
         qk = apply_rope(qk, cos[:t], sin[:t])
         q, k = qk[:, :self.hq], qk[:, self.hq:]
         v = qkv[:, self.q_dim + self.kv_dim:].view(t, self.hkv, self.d)
         out = store_and_attend(q, k, v, ctx, self.kv_layer, t_all)
-        return linear_t(out.reshape(t_all, self.q_dim), self.w_o_t, self.b_o)
+        return self.o(out.reshape(t_all, self.q_dim))

@@ -148,22 +148,24 @@ def matmul_rows(rows: int, batch_invariant: bool) -> int:
     return rows
 
 
-def embed_rows(batch: ForwardBatch, embed: torch.Tensor, batch_invariant: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The embedded input rows of `batch` and their positions, padded to matmul_rows: (x [T', H] in embed's dtype,
-    positions LongTensor [T']). Padding rows are token 0 at position 0; the layers write no K/V or state for them."""
+def embed_rows(batch: ForwardBatch, embed, batch_invariant: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The embedded input rows of `batch` and their positions, padded to matmul_rows: (x fp32 [T', H], positions
+    LongTensor [T']). embed: the token table (lm_head.DenseTable / QuantTable: ``rows(ids)``). Padding rows are
+    token 0 at position 0; the layers write no K/V or state for them."""
     ids, positions = batch.input_ids, batch.positions
     t = batch.num_tokens
     pad = matmul_rows(t, batch_invariant) - t
     if pad:
         ids = F.pad(ids, (0, pad))
         positions = F.pad(positions, (0, pad))
-    return F.embedding(ids, embed), positions
+    return embed.rows(ids), positions
 
 
-def batch_logits(x: torch.Tensor, batch: ForwardBatch, final_norm, lm_head: torch.Tensor,
+def batch_logits(x: torch.Tensor, batch: ForwardBatch, final_norm, lm_head,
                  batch_invariant: bool) -> torch.Tensor:
     """float32 logits [N, vocab] of the rows batch.logits_index of the last hidden states x [T', H]:
-    ``final_norm(rows) @ lm_head.T`` (lm_head [vocab, H]), the selected rows padded to matmul_rows. N may be 0."""
+    ``lm_head.logits(final_norm(rows))`` (lm_head: the token table, lm_head.DenseTable / QuantTable, shape
+    [vocab, H]), the selected rows padded to matmul_rows. N may be 0."""
     n = batch.logits_index.numel()
     if n == 0:
         return torch.zeros(0, lm_head.shape[0], dtype=torch.float32, device=x.device)
@@ -173,7 +175,7 @@ def batch_logits(x: torch.Tensor, batch: ForwardBatch, final_norm, lm_head: torc
         if pad:
             rows = F.pad(rows, (0, pad))
         x = x.index_select(0, rows)
-    return F.linear(final_norm(x), lm_head)[:n].float()
+    return lm_head.logits(final_norm(x))[:n]
 
 
 @dataclass

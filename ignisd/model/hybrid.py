@@ -25,7 +25,10 @@ from ignisd.model.gated_attention import GatedAttention
 from ignisd.model.gdn import GatedDeltaNet, GDNPlan, SlotStates
 from ignisd.model.hybrid_weights import expert_tensors
 from ignisd.model.layers import MLP, RMSNorm, Rotary, distinct_bytes, take_weight
+from ignisd.model.linear import make_linear
+from ignisd.model.lm_head import DenseTable, QuantTable
 from ignisd.model.moe import SparseMoE
+from ignisd.model.quant import GroupQuant, cat_rows
 from ignisd.model.spec import ModelSpec
 
 
@@ -36,15 +39,24 @@ class _Layer:
         self.mixer, self.mlp, self.in_norm, self.post_norm = mixer, mlp, in_norm, post_norm
 
 
-def _cat(ws: list[torch.Tensor | None]) -> torch.Tensor | None:
-    return None if ws[0] is None else torch.cat(ws, dim=0).contiguous()
+def _cat(ws: list) -> torch.Tensor | GroupQuant | None:
+    """Concatenate weights (dense tensors or GroupQuants) along the output rows; None for absent biases."""
+    if ws[0] is None:
+        return None
+    if isinstance(ws[0], GroupQuant):
+        return cat_rows(ws)
+    return torch.cat(ws, dim=0).contiguous()
 
 
 class _Weights:
-    """The checkpoint tensors of one model, taken (popped) by name with their expected shapes."""
+    """The checkpoint tensors of one model, taken (popped) by name with their expected shapes; `linear` builds a
+    projection in the model's weight format (linear.make_linear)."""
 
-    def __init__(self, weights: dict[str, torch.Tensor]) -> None:
-        self.w = weights
+    def __init__(self, weights: dict, weight_format: str = "fp32") -> None:
+        self.w, self.weight_format = weights, weight_format
+
+    def linear(self, w, b=None):
+        return make_linear(w, b, self.weight_format)
 
     def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         return take_weight(self.w, name, shape)
@@ -62,8 +74,8 @@ def _llama_attention(w: _Weights, p: str, s: ModelSpec, kv_layer: int) -> Attent
                   w.take(a + "v_proj.weight", (kd, h))])
     b_qkv = _cat([w.maybe(a + "q_proj.bias", (qd,), ab), w.maybe(a + "k_proj.bias", (kd,), ab),
                   w.maybe(a + "v_proj.bias", (kd,), ab)])
-    return Attention(w_qkv, w.take(a + "o_proj.weight", (h, qd)), s.num_heads, s.num_kv_heads, d, kv_layer, b_qkv,
-                     w.maybe(a + "o_proj.bias", (h,), ab))
+    o = w.linear(w.take(a + "o_proj.weight", (h, qd)), w.maybe(a + "o_proj.bias", (h,), ab))
+    return Attention(w.linear(w_qkv, b_qkv), o, s.num_heads, s.num_kv_heads, d, kv_layer)
 
 
 def _gated_attention(w: _Weights, p: str, s: ModelSpec, kv_layer: int) -> GatedAttention:
@@ -98,7 +110,8 @@ def _mlp(w: _Weights, p: str, s: ModelSpec) -> MLP:
     m = p + "mlp."
     w_gu = _cat([w.take(m + "gate_proj.weight", (inter, h)), w.take(m + "up_proj.weight", (inter, h))])
     b_gu = _cat([w.maybe(m + "gate_proj.bias", (inter,), mb), w.maybe(m + "up_proj.bias", (inter,), mb)])
-    return MLP(w_gu, w.take(m + "down_proj.weight", (h, inter)), b_gu, w.maybe(m + "down_proj.bias", (h,), mb))
+    return MLP(w.linear(w_gu, b_gu), w.linear(w.take(m + "down_proj.weight", (h, inter)),
+                                            w.maybe(m + "down_proj.bias", (h,), mb)))
 
 
 def _moe(w: _Weights, p: str, s: ModelSpec) -> SparseMoE:
@@ -137,6 +150,16 @@ def _has(states, name: str) -> bool:
     return True
 
 
+def _table(w, weight_format: str):
+    """The token table (embedding / LM head) of weight `w` [V, H] (tensor or GroupQuant) in `weight_format`:
+    native keeps a GroupQuant quantized (lm_head.QuantTable), bf16 a bf16 dense copy, fp32 the fp32 table."""
+    if isinstance(w, GroupQuant):
+        if weight_format == "native":
+            return QuantTable(w)
+        w = w.dequantize()
+    return DenseTable(w.to(torch.bfloat16) if weight_format == "bf16" else w)
+
+
 class Decoder:
     """The decoder of every supported family (spec.arch: llama, qwen3_5, qwen3_next).
 
@@ -151,7 +174,12 @@ class Decoder:
       mlp.shared_expert_gate.weight;
     plus model.embed_tokens.weight, model.norm.weight and lm_head.weight unless spec.tie_word_embeddings.
     Raises KeyError naming a missing tensor, ValueError on a shape mismatch or attention biases on a hybrid.
-    Computes in the weights' dtype (fp32 on CPU); the delta-rule state is always fp32.
+    weight_format: "fp32" (every matmul an fp32 DenseLinear: the oracle reference), "native" (GroupQuant weights of
+    a GGUF run by the int4 kernels, ignisd.model.linear, and a quantized token table, lm_head.QuantTable; dense
+    tensors as given) or "bf16" (llama's projections, dense MLPs and the token table in bf16; the hybrids' GDN, gated
+    attention and MoE experts stay fp32). The residual stream, norms, rotary and
+    attention are fp32 in every format; the delta-rule state is always fp32. Weights may be GroupQuant only on llama
+    layers (attention q/k/v/o, mlp gate/up/down) and the token table.
 
     batch_invariant: when True, a forward of fewer than 12 tokens is padded to a multiple of 4 rows in the matmuls,
     because MKL's sgemm takes a different (differently rounded) path for 1-3 rows, and for 5-11 rows at some thread
@@ -163,20 +191,22 @@ class Decoder:
     Attributes: spec, layers (mixer, mlp, in_norm, post_norm each), embed, norm, lm_head, rotary, device, dtype.
     """
 
-    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], batch_invariant: bool = False) -> None:
+    def __init__(self, spec: ModelSpec, weights: dict, batch_invariant: bool = False,
+                 weight_format: str = "fp32") -> None:
         if spec.is_hybrid and spec.attention_bias:
             raise ValueError("attention biases are not supported for the Qwen hybrids")
         self.spec = spec
         self.batch_invariant = batch_invariant
-        s, w = spec, _Weights(weights)
+        self.weight_format = weight_format
+        s, w = spec, _Weights(weights, weight_format)
         h, eps, zc = s.hidden_size, s.rms_norm_eps, s.is_hybrid
-        self.embed = w.take("model.embed_tokens.weight", (s.vocab_size, h))
+        self.embed = _table(w.take("model.embed_tokens.weight", (s.vocab_size, h)), weight_format)
         self.norm = RMSNorm(w.take("model.norm.weight", (h,)), eps, zc)
         if s.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
             self.lm_head = self.embed
         else:
-            self.lm_head = w.take("lm_head.weight", (s.vocab_size, h))
+            self.lm_head = _table(w.take("lm_head.weight", (s.vocab_size, h)), weight_format)
         kv_index, gdn_index, moe = s.attention_layer_index, s.gdn_layer_index, set(s.moe_layers)
         self.layers: list[_Layer] = []
         for i, kind in enumerate(s.layer_types):
@@ -190,16 +220,16 @@ class Decoder:
             mlp = _moe(w, p, s) if i in moe else _mlp(w, p, s)
             self.layers.append(_Layer(mixer, mlp, RMSNorm(w.take(p + "input_layernorm.weight", (h,)), eps, zc),
                                       RMSNorm(w.take(p + "post_attention_layernorm.weight", (h,)), eps, zc)))
-        self.rotary = Rotary(spec, device=self.embed.device)    # over the rotated dims only (spec.rotary_dim)
+        self.device = self.norm.weight.device
+        self.dtype = self.norm.weight.dtype if weight_format == "fp32" else torch.float32   # the residual stream's
+        self.rotary = Rotary(spec, device=self.device)    # over the rotated dims only (spec.rotary_dim)
         self._state_shapes = {b.name: b.shape for b in spec.state_buffers()}
-        self.device = self.embed.device
-        self.dtype = self.embed.dtype
 
     @property
     def weight_bytes(self) -> int:
         """Bytes of all distinct weight tensors (the tied head counted once; the hybrids' norm multipliers 1 + w
         and per-head q/k norms as held)."""
-        ts = [self.embed, self.norm.weight, self.lm_head]
+        ts = [*self.embed.tensors, self.norm.weight, *self.lm_head.tensors]
         for layer in self.layers:
             ts += [*layer.mixer.tensors, *layer.mlp.tensors, layer.in_norm.weight, layer.post_norm.weight]
         return distinct_bytes(ts)

@@ -15,8 +15,17 @@ import torch.nn.functional as F
 from ignisd.model.spec import ModelSpec
 
 
-def take_weight(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """Remove and return tensor `name` from `weights`, checking its shape.
+class LazyWeight:
+    """A weight read only when taken: shape (its [out, in] shape, checked before reading) and make() -> the weight
+    (a tensor or a quant.GroupQuant). The GGUF loader hands the decoder its quantized tensors this way."""
+
+    def __init__(self, shape: tuple[int, ...], make) -> None:
+        self.shape, self.make = tuple(shape), make
+
+
+def take_weight(weights: dict, name: str, shape: tuple[int, ...]):
+    """Remove and return weight `name` from `weights` (a tensor or a quant.GroupQuant; a LazyWeight is made here),
+    checking its shape.
 
     Raises KeyError when it is missing and ValueError when its shape is not `shape`.
     """
@@ -25,7 +34,7 @@ def take_weight(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, .
     t = weights.pop(name)
     if tuple(t.shape) != shape:
         raise ValueError(f"tensor {name} has shape {tuple(t.shape)}, expected {shape}")
-    return t
+    return t.make() if isinstance(t, LazyWeight) else t
 
 
 def distinct_bytes(tensors) -> int:
@@ -162,23 +171,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class MLP:
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x)) (Shazeer 2020), gate and up fused in one matmul.
 
-    w_gate_up: [2I, H] (gate rows then up rows, HF layout); w_down: [H, I]; optional biases b_gate_up [2I],
-    b_down [H]. Stored transposed (see linear_t).
+    gate_up: the fused [2I, H] projection (gate rows then up rows, HF layout), down: [H, I]; each a dense tensor
+    (wrapped in linear.DenseLinear, stored transposed, with the optional biases b_gate_up [2I], b_down [H]) or a
+    linear layer of ignisd.model.linear (biases then inside it). In a bf16 weight format the hidden activations stay
+    bf16 between the two matmuls (the down projection rounds its input to bf16 anyway).
     """
 
-    def __init__(self, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                 b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None) -> None:
-        self.w_gate_up_t, self.w_down_t = w_gate_up.t().contiguous(), w_down.t().contiguous()
-        self.b_gate_up, self.b_down = b_gate_up, b_down
-        self.inter = w_down.shape[1]
+    def __init__(self, gate_up, down, b_gate_up: torch.Tensor | None = None,
+                 b_down: torch.Tensor | None = None) -> None:
+        from ignisd.model.linear import DenseLinear
+        self.gate_up = DenseLinear(gate_up, b_gate_up) if isinstance(gate_up, torch.Tensor) else gate_up
+        self.down = DenseLinear(down, b_down) if isinstance(down, torch.Tensor) else down
+        self.inter = self.down.in_features
 
     @property
     def tensors(self) -> list[torch.Tensor | None]:
         """The resident weight tensors (for weight_bytes; None for an absent bias)."""
-        return [self.w_gate_up_t, self.w_down_t, self.b_gate_up, self.b_down]
+        return [*self.gate_up.tensors, *self.down.tensors]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, H] -> [T, H]."""
-        gu = linear_t(x, self.w_gate_up_t, self.b_gate_up)
-        gate, up = gu[:, :self.inter], gu[:, self.inter:]
-        return linear_t(F.silu(gate) * up, self.w_down_t, self.b_down)
+        """x: [T, H] -> [T, H] (fp32 in the fp32 format; bf16 out of a quantized / bf16 down projection)."""
+        gu = self.gate_up(x)
+        return self.down(F.silu(gu[:, :self.inter]) * gu[:, self.inter:])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ import torch
 from ignisd.log import get_logger
 from ignisd.model.hybrid import Decoder
 from ignisd.model.hybrid_weights import hf_weight_name, skipped_group, split_fused_gdn
+from ignisd.model.layers import LazyWeight
+from ignisd.model.quant import QUANT_TYPES, from_gguf_blocks
 from ignisd.model.spec import ModelSpec
 
 log = get_logger("model")
@@ -43,7 +46,7 @@ class LoadedModel:
 
     spec: ModelSpec. model: the Decoder (every family). source: the GGUF file or HF directory loaded.
     kind: "gguf" | "hf".
-    weight_bytes: bytes of the resident weights (after dequantisation).
+    weight_bytes: bytes of the resident weights (in the weight format they were loaded in).
     gguf_reader: the open gguf.GGUFReader of a GGUF source (None for "hf"), so the tokenizer reads the same parse.
     """
 
@@ -111,10 +114,14 @@ def open_model(path: str | Path | None = None) -> ModelSource:
 
 
 def load_model(path: str | Path | ModelSource | None = None, dtype: torch.dtype = torch.float32,
-               batch_invariant: bool = False, progress=None) -> LoadedModel:
+               batch_invariant: bool = False, progress=None, weight_format: str = "fp32") -> LoadedModel:
     """Load the model at `path` (a path, None for the built-in model, or the ModelSource of ``open_model``).
 
-    dtype: weight/compute dtype (fp32 on CPU). batch_invariant: see Decoder (bitwise batch-independent rows at ~2x
+    weight_format (model.weight_format, DESIGN §6): "fp32" (default here: every tensor dequantized to fp32 by
+    gguf.quants.dequantize, the exact reference of the oracle tests), "native" (GGUF Q4_0 / Q4_1 / Q8_0 tensors kept
+    quantized, ignisd.model.quant, and run by the int4 kernels of ignisd.model.linear; other tensors and HF
+    checkpoints as fp32) or "bf16" (the matmul weights and the token table in bf16).
+    dtype: dense weight/compute dtype (fp32 on CPU). batch_invariant: see Decoder (bitwise batch-independent rows at ~2x
     single-lane matmul cost; settable later as loaded.model.batch_invariant). progress: wraps the tensor loops,
     ``progress(items, total, desc)`` (ignisd.progress.LoadProgress: a tqdm bar on a terminal, STATUS= lines).
     Raises FileNotFoundError (nothing loadable at path), ValueError (unsupported architecture / tensor type),
@@ -125,9 +132,10 @@ def load_model(path: str | Path | ModelSource | None = None, dtype: torch.dtype 
     if src.kind == "hf":
         weights = _read_hf_weights(src.source, src.spec, progress)
     else:
-        weights = _read_gguf_weights(src.source, src.gguf_reader, src.spec, progress)
-    weights = {k: v.to(dtype) for k, v in weights.items()}
-    model = Decoder(src.spec, weights, batch_invariant=batch_invariant)
+        weights = _read_gguf_weights(src.source, src.gguf_reader, src.spec, progress,
+                                     keep_quantized=weight_format != "fp32")
+    weights = {k: v.to(dtype) if isinstance(v, torch.Tensor) else v for k, v in weights.items()}
+    model = Decoder(src.spec, weights, batch_invariant=batch_invariant, weight_format=weight_format)
     return LoadedModel(spec=src.spec, model=model, source=src.source, kind=src.kind, weight_bytes=model.weight_bytes,
                        gguf_reader=src.gguf_reader)
 
@@ -149,9 +157,13 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _read_gguf_weights(path: Path, reader: Any, spec: ModelSpec, progress) -> dict[str, torch.Tensor]:
-    """Dequantise every tensor of the open GGUF `reader` to fp32 (gguf.quants.dequantize), with HF names and row
-    order."""
+def _read_gguf_weights(path: Path, reader: Any, spec: ModelSpec, progress,
+                       keep_quantized: bool = False) -> dict[str, Any]:
+    """Every tensor of the open GGUF `reader` with HF names and row order: dequantised to fp32 torch tensors
+    (gguf.quants.dequantize), or with keep_quantized the types of quant.QUANT_TYPES as layers.LazyWeight of a
+    quant.GroupQuant (codes and scales, rows un-permuted the same way; unpacked from the memory map only when the
+    decoder takes it, so the codes of one layer at a time are ever held beside the packed model) and the rest
+    dequantised."""
     import gguf
 
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
@@ -161,19 +173,32 @@ def _read_gguf_weights(path: Path, reader: Any, spec: ModelSpec, progress) -> di
         hf = _gguf_name(t.name)
         if hf is None:
             continue
+        shape = tuple(int(x) for x in reversed(t.shape))   # ggml lists dims fastest-first
+        if keep_quantized and t.tensor_type.name in QUANT_TYPES and len(shape) == 2:
+            heads = None
+            if hf.endswith(("q_proj.weight", "k_proj.weight")):
+                heads = spec.num_heads if hf.endswith("q_proj.weight") else spec.num_kv_heads
+            weights[hf] = LazyWeight(shape, partial(_gguf_group_quant, t, shape, heads))
+            continue
         try:
             arr = gguf.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:
             raise ValueError(f"{path}: tensor {t.name} has unsupported type {t.tensor_type.name}") from e
-        arr = np.asarray(arr, dtype=np.float32)
-        shape = tuple(int(x) for x in reversed(t.shape))   # ggml lists dims fastest-first
-        arr = arr.reshape(shape)
+        arr = np.asarray(arr, dtype=np.float32).reshape(shape)
         if hf.endswith("q_proj.weight"):
             arr = unpermute_rows(arr, spec.num_heads)
         elif hf.endswith("k_proj.weight"):
             arr = unpermute_rows(arr, spec.num_kv_heads)
         weights[hf] = torch.from_numpy(arr.copy())  # own memory (F32 data is a view of the mmap)
     return weights
+
+
+def _gguf_group_quant(t: Any, shape: tuple[int, int], heads: int | None):
+    """The GroupQuant of GGUF tensor t (HF shape `shape`), its rows un-permuted for `heads` heads when not None."""
+    gq = from_gguf_blocks(t.tensor_type.name, t.data, shape)
+    if heads is not None:
+        gq = gq.take_rows(torch.from_numpy(unpermute_rows(np.arange(shape[0]), heads)))
+    return gq
 
 
 def _read_hf_weights(path: Path, spec: ModelSpec, progress) -> dict[str, torch.Tensor]:

@@ -36,7 +36,7 @@ def test_the_broken_model_really_fails_to_load(broken_weights_dir, tmp_path):
     (["--vram-kv-pool-bytes", "100"], "vram.kv_pool_bytes = 100 bytes holds no whole KV page"),
     (["--model-context-tokens", "999999"], "model.context_tokens = 999999 exceeds the model's context"),
     (["--server-api-key-file", "/nonexistent/key"], "server.api_key_file '/nonexistent/key'"),
-    (["--model-weight-format", "bf16"], "model.weight_format = 'bf16' is not available"),
+    (["--model-weight-format", "int4"], "model.weight_format: invalid value 'int4'"),
     (["--reuse-kv-host-pool-bytes", "64T"], "reuse.kv_host_pool_bytes = 70368744177664 bytes does not fit in the "
                                             "available memory ("),
 ])

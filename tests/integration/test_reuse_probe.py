@@ -41,3 +41,21 @@ def test_the_probe_says_what_the_request_then_gets(http_qwen):
     short, _ = check([{"role": "user", "content": "hi"}])
     assert short["reason"] == "short"
     c.close()
+
+
+def test_a_body_that_fills_the_context_is_still_probed(http_qwen):
+    """Without max_tokens, a prompt at the context limit would be refused when sent (context_length, naming
+    messages); the probe still answers what it would resume (its prompt tokens counted as the tokenizer counts)."""
+    c = http(http_addr(http_qwen))
+    wait_idle(http_qwen)
+    big = {"role": "user", "content": " ".join(["north east tide"] * 1500)}
+    body = {"messages": [SYSTEM, big], "chat_template_kwargs": {"enable_thinking": False}}
+    n = len(c.post("/ignis/tokenize", json=body).json()["tokens"])
+    ctx = c.get("/ignis/status").json()["model"]["context_tokens"]
+    assert n >= ctx
+    probe = c.post("/ignis/reuse", json=body)
+    assert probe.status_code == 200, probe.text
+    assert probe.json()["prompt_tokens"] == n
+    sent = c.post("/v1/chat/completions", json=body)
+    assert sent.status_code == 400 and sent.json()["error"]["param"] == "messages"
+    wait_idle(http_qwen)

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from daemon_support import alone_and_batched
 
 pytestmark = pytest.mark.smollm
 
@@ -70,25 +71,10 @@ def test_prompt_logprobs_match_transformers(smollm_daemon, hf_smollm):
     smollm_daemon.wait_idle()
 
 
-def _body(rid, prompt, n):
-    return {"id": rid, "op": "chat", "messages": [{"role": "user", "content": prompt}], "temperature": 0,
-            "max_tokens": n, "logprobs": True, "top_logprobs": 2}
-
-
 def test_batched_decode_equals_single_lane(smollm_daemon):
     """16 prompts, 64 greedy tokens, 8 lanes at once vs each alone: identical token ids, or diverging only where
     the single-lane top-2 logits were within 1e-4 (log-softmax preserves logit differences)."""
-    c = smollm_daemon.conn()
-    alone = {i: c.request(_body(f"a{i}", p, 64)) for i, p in enumerate(PROMPTS)}
-    for i, p in enumerate(PROMPTS):
-        c.send(_body(f"b{i}", p, 64))
-    batched = {}
-    while len(batched) < len(PROMPTS):
-        r = c.recv()
-        if r["type"] in ("done", "error"):
-            batched[int(r["id"][1:])] = r
-    c.close()
-    smollm_daemon.wait_idle()
+    alone, batched = alone_and_batched(smollm_daemon, PROMPTS, 64)
     same = 0
     for i in range(len(PROMPTS)):
         a, b = alone[i], batched[i]

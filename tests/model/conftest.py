@@ -24,9 +24,10 @@ def smollm_reader(smollm_path):
 
 @pytest.fixture(scope="session")
 def smollm_ours(smollm_path):
-    """ignis's LoadedModel of the built-in GGUF (fp32)."""
+    """ignis's LoadedModel of the built-in GGUF, dequantized to fp32 (weight_format pinned: the transformers oracle
+    runs on gguf's dequantized weights)."""
     from ignisd.model.loader import load_model
-    return load_model(smollm_path)
+    return load_model(smollm_path, weight_format="fp32")
 
 
 @pytest.fixture(scope="session")

@@ -56,7 +56,7 @@ def test_qk_rows_unpermuted_like_transformers(smollm_ours, hf_smollm, smollm_rea
     """Our fused Q/K rows equal transformers' q_proj/k_proj exactly, and differ from the GGUF's raw row order
     (so the un-permutation is real, and the logits oracle above is what proves its direction)."""
     spec = smollm_ours.spec
-    w_qkv = smollm_ours.model.layers[0].mixer.w_qkv_t.t()
+    w_qkv = smollm_ours.model.layers[0].mixer.qkv.weight()
     qd, kd = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     hf_attn = hf_smollm.model.layers[0].self_attn
     assert torch.equal(w_qkv[:qd], hf_attn.q_proj.weight.detach())
