@@ -188,7 +188,8 @@ class Edge:
 
     engine: ignisd.engine.Engine. tokenizer: ignisd.text.tokenizer.Tokenizer. template: ChatTemplate or None.
     model_info: the `status.model` object. context_tokens: prompt + generation cap (tokens).
-    default_max_tokens: used when a request gives none (capped at what the context leaves).
+    default_max_tokens: used when a request gives none (capped at what the context, and the KV pool of
+    `pool_tokens` tokens when given, leave after the prompt).
     developer_policy: server.developer_message_policy. metrics: ignisd.metrics.Metrics or None.
     output_family: how chat output is split into content / reasoning / tool calls ("qwen3_5", "qwen3", "none").
     canonicalize_tools: server.canonicalize_tools (ignisd.prompt.Prompts).
@@ -196,8 +197,9 @@ class Edge:
 
     def __init__(self, engine, tokenizer, template, *, model_info: dict, context_tokens: int,
                  default_max_tokens: int, developer_policy: str, metrics=None, output_family: str = "none",
-                 canonicalize_tools: bool = False):
+                 canonicalize_tools: bool = False, pool_tokens: int | None = None):
         self.engine = engine
+        self.pool_tokens = pool_tokens
         self.tok = tokenizer
         self.prompts = Prompts(tokenizer, template, developer_policy, canonicalize_tools)
         self.model_info = model_info
@@ -222,8 +224,9 @@ class Edge:
     def _sampling(self, op, prompt_len: int) -> SamplingParams:
         s = op.sampling
         max_tokens = s.max_tokens
-        if max_tokens is None:
-            max_tokens = max(1, min(self.default_max_tokens, self.context_tokens - prompt_len))
+        if max_tokens is None:     # the default never asks for more than the context or the whole KV pool holds
+            room = min(self.context_tokens, self.pool_tokens or self.context_tokens) - prompt_len
+            max_tokens = max(1, min(self.default_max_tokens, room))
         return SamplingParams(
             max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
             seed=s.seed, stop_token_ids=frozenset() if s.ignore_eos else frozenset(self.tok.stop_token_ids),

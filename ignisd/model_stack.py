@@ -169,8 +169,10 @@ class ModelStack:
                          default_max_tokens=cfg.server.default_max_tokens,
                          developer_policy=cfg.server.developer_message_policy, metrics=metrics,
                          output_family=OUTPUT_FAMILIES.get(spec.arch, "none"),
-                         canonicalize_tools=cfg.server.canonicalize_tools)
-        log.info("vram_plan", model=spec.name, model_bytes=self.loaded.weight_bytes, kv_format=self.kv_format,
+                         canonicalize_tools=cfg.server.canonicalize_tools,
+                         pool_tokens=cache.pool.total * cache.page_tokens)
+        log.info("vram_plan", model=spec.name, model_bytes=self.loaded.weight_bytes,
+                 weight_format=cfg.model.weight_format, kv_format=self.kv_format,
                  kv_format_why=plan.kv_why, kv_stamp=fmt.stamp, page_bytes=self.kv.page_bytes, kv_pool_pages=pages,
                  kv_pool_tokens=pages * PAGE_TOKENS,
                  kv_pool_bytes=self.kv.nbytes, state_bytes=state_bytes,

@@ -195,3 +195,15 @@ def test_edge_modules_import_without_torch():
             "import ignisd.edge, ignisd.prompt, ignisd.fronts.ndjson, ignisd.server, ignisd.unix_socket\n")
     r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_default_max_tokens_fits_the_kv_pool(tok):
+    """No max_tokens sent: the default (64 here) is capped by what the context (2,048) and, when smaller, the whole
+    KV pool leave after the prompt, so a small pool never refuses a request the client gave no size."""
+    n = len(tok.encode("hi"))
+    edge = _edge(tok, ScriptedEngine(tok))
+    assert edge._sampling(P.CompletionOp(id="a", prompt="hi"), n).max_tokens == 64
+    edge.pool_tokens = n + 10
+    assert edge._sampling(P.CompletionOp(id="a", prompt="hi"), n).max_tokens == 10
+    assert edge._sampling(P.CompletionOp(id="a", prompt="hi", sampling=P.Sampling(max_tokens=500)),
+                          n).max_tokens == 500      # an explicit size is the client's, refused at admission if too big
