@@ -54,13 +54,14 @@ def quality(lm, tk, sizes, variants, policies, chunk):
         ref = None
         for pol in policies:
             w, s = (int(x) for x in pol.split(":"))
-            t0 = time.time()
-            ref, res = evaluate(lm.model, lm.spec, ids, variants, exact_window=w, exact_sinks=s, chunk=chunk,
-                                ref=ref)
-            for v, r in res.items():
+            for v in variants:                                # one at a time: each row prints when it is done
+                t0 = time.time()
+                ref, res = evaluate(lm.model, lm.spec, ids, [v], exact_window=w, exact_sinks=s, chunk=chunk,
+                                    ref=ref)
+                r = res[v]
                 b = "  ".join(f"[{lo},{hi}) {kl:.4f}/{a:.3f}" for lo, hi, kl, a, _ in r["buckets"])
-                print(f"{t:>5} {v:<10} {pol:>6} {BITS.get(v, 0):>5} {r['kl']:>8.4f} {r['top1']:>6.3f}  {b}")
-            print(f"      ({time.time() - t0:.0f} s)", flush=True)
+                print(f"{t:>5} {v:<10} {pol:>6} {BITS.get(v.removesuffix('+c'), 0):>5} {r['kl']:>8.4f} "
+                      f"{r['top1']:>6.3f}  {b}  ({time.time() - t0:.0f} s)", flush=True)
 
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "

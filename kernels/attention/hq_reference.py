@@ -43,6 +43,17 @@ def unrotate_output(o: torch.Tensor, signs_v: torch.Tensor) -> torch.Tensor:
     return out.reshape(*o.shape[:-3], o.shape[-3] * o.shape[-2], d)
 
 
+def add_center(o: torch.Tensor, center_v: torch.Tensor | None, signs_v: torch.Tensor) -> torch.Tensor:
+    """Key/value centering (HQ_E8_2B.md §4.3): o + s_V ⊙ H·μ_V/√d, the values' centre added back to an attention
+    output computed over centred values (Σ_t p_t = 1). o: float32 [..., Hq, d]; center_v: rotated μ_V [..., Hkv, d]
+    (broadcast over query heads h → KV head h // g) or None (returns o); signs_v: [Hkv, d]."""
+    if center_v is None:
+        return o
+    hkv, d = signs_v.shape
+    mu = fwht(center_v.float()) * (1.0 / math.sqrt(d)) * signs_v                  # [..., Hkv, d] original domain
+    return o + mu.repeat_interleave(o.shape[-2] // hkv, dim=-2)
+
+
 def decode_pages(view, pages: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The keys and values of `pages` (LongTensor [..., n]) of an hq view, rotated and not yet scaled:
     (ck, sk, rk, cv, sv) with c float32 [..., n·pt, Hkv, d] (codewords, or uhat for "hq-sim"), s float32

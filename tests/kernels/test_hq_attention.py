@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ignis_kernels.attention as kattn
-from hq_support import attend, decoded, hq_pool, oracle, write_chunks
+from hq_support import attend, decoded, hq_pool, oracle, run_pieces, write_chunks, write_pieces
 
 torch.set_num_threads(1)
 
@@ -32,18 +32,11 @@ def test_prefill_and_decode_match_the_oracle(hq, hkv, d, window, sinks, pieces):
     xk, xv = torch.randn(ctx, hkv, d, generator=g), torch.randn(ctx, hkv, d, generator=g)
     q = torch.randn(ctx, hq, d, generator=g) * 2
     pages = torch.randperm(kv.num_pages, generator=g)[:-(-ctx // pt)].tolist()
-    st.zero(1)
-    start = 0
-    for n in pieces:
-        end = start + n
-        plan, spans, ring = write_chunks(kv, st, 0, [(xk[start:end], xv[start:end], start, pages, 1)])
-        got = attend(q[start:end], kv, 0, plan, spans, ring)
-        kh, vh, rk = decoded(kv, 0, pages, end)
+    for start, end, got, kh, vh, rk in run_pieces(kv, st, xk, xv, q, pages, pieces):
         n_enc = fmt.encoded_pages(end) * pt
         assert not kh[n_enc:].any()                       # nothing past the window's start is encoded yet
         want = oracle(q[start:end], xk[:end], xv[:end], kh, vh, rk, start, wp, pt, sinks)
-        assert rel(got, want) < 2e-5, (start, n)
-        start = end
+        assert rel(got, want) < 2e-5, (start, end)
 
 
 def test_batched_decode_of_three_sequences():
@@ -78,12 +71,7 @@ def _write_all(pieces, seed=9):
     g = torch.Generator().manual_seed(seed)
     ctx = sum(pieces)
     xk, xv = torch.randn(ctx, 2, 16, generator=g), torch.randn(ctx, 2, 16, generator=g)
-    pages = list(range(-(-ctx // kv.page_tokens)))
-    st.zero(0)
-    start = 0
-    for n in pieces:
-        write_chunks(kv, st, 0, [(xk[start:start + n], xv[start:start + n], start, pages, 0)])
-        start += n
+    write_pieces(kv, st, xk, xv, pieces)
     return kv, st
 
 
