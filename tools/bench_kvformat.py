@@ -125,7 +125,8 @@ def _daemon_rates(fmt, ctx, tk):
                     "--server-threads", "2", "--reuse-prompt", "off"], Path(tempfile.mkdtemp(prefix="ignis-")))
     try:
         ids = license_text(ctx, tk)
-        c = d.conn()
+        from daemon_support import RawConn
+        c = RawConn(d.socket, timeout=1800.0)                          # a 4K hq prefill on a busy 2-core box is slow
         c.request({"id": "w", "op": "completion", "prompt": ids[:64], "max_tokens": 4, "temperature": 0})
         r = c.request({"id": "r", "op": "completion", "prompt": ids, "max_tokens": 64, "temperature": 0,
                        "stop": []})

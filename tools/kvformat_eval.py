@@ -70,11 +70,17 @@ def teacher_forced_logits(model, ids: list[int], kv, states, chunk: int = 256) -
     return torch.cat(out)
 
 
+def _kl_rows(ref: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
+    """KL(softmax ref ‖ softmax got) per row in float64 (rows [m, vocab] -> [m]); compare() feeds it 256 rows at a
+    time so an 8K × 49K vocabulary never exists in float64."""
+    lp, lq = ref.double().log_softmax(-1), got.double().log_softmax(-1)
+    return (lp.exp() * (lp - lq)).sum(-1)
+
+
 def compare(ref: torch.Tensor, got: torch.Tensor) -> dict:
     """KL(p_ref ‖ p_got) and top-1 agreement per position, with their means overall and per BUCKETS range.
     ref, got: logits [T, vocab]. Returns {"kl", "top1", "buckets": [(lo, hi, kl, top1, n)], "kl_pos", "top1_pos"}."""
-    lp, lq = ref.double().log_softmax(-1), got.double().log_softmax(-1)
-    kl = (lp.exp() * (lp - lq)).sum(-1)
+    kl = torch.cat([_kl_rows(ref[i:i + 256], got[i:i + 256]) for i in range(0, ref.shape[0], 256)])
     agree = (ref.argmax(-1) == got.argmax(-1)).double()
     rows = []
     for lo, hi in zip(BUCKETS, BUCKETS[1:]):

@@ -228,7 +228,7 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
     win = states.buffer("kv_window")[:, layer]                               # [slots, 2, R, Hkv, d]
     sinks = states.buffer("kv_sinks")[:, layer] if n_sinks else None         # [slots, 2, S, Hkv, d]
     center = states.buffer("kv_center")[:, layer] if getattr(fmt, "centering", False) else None  # [slots, 2, Hkv, d]
-    u = torch.stack((rotate(k, signs[0]), rotate(v, signs[1])), dim=1).to(win.dtype)   # [T, 2, Hkv, d]
+    u = rotate(torch.stack((k, v), dim=1), signs).to(win.dtype)             # [T, 2, Hkv, d], one FWHT for both
     dev = u.device
     enc_rows: list[torch.Tensor] = []
     enc_slots: list[torch.Tensor] = []
@@ -298,8 +298,11 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
             m = (pos < n_sinks).nonzero()[:, 0]
             if m.numel():
                 sinks.permute(0, 2, 1, 3, 4)[slots[m], pos[m]] = ud.index_select(0, m)
-        sk = sinks[slots].float() if sinks is not None else u.new_zeros(slots.shape[0], 2, 0, *u.shape[2:])
-        w = win[slots].float()                                                # [B, 2, R, Hkv, d]
+        one = slots.shape[0] == 1                                             # one row: views, no copies
+        s0 = int(slots[0]) if one else 0
+        sk = (sinks[s0:s0 + 1] if one else sinks[slots]).float() if sinks is not None else \
+            u.new_zeros(slots.shape[0], 2, 0, *u.shape[2:])
+        w = (win[s0:s0 + 1] if one else win[slots]).float()                 # [B, 2, R, Hkv, d]
         ring_out = ExactRing(w[:, 0], w[:, 1], sk[:, 0], sk[:, 1], wp, cv)
     if enc_rows:
         store.encode_into(layer, torch.cat(enc_slots), torch.cat(enc_rows))
