@@ -286,20 +286,23 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
             cen = center[slots]                                               # [B, 2, Hkv, d]
             ud = torch.where(on, _recenter(ud[:, :, None], cen)[:, :, 0], ud)
             cv = torch.where(on[:, 0], cen[:, 1], torch.zeros_like(cen[:, 1]))
-        leaving = pos // pt - wp - 1                                          # page leaving at a page start
-        sel = ((pos % pt == 0) & (leaving >= 0)).nonzero()[:, 0]
-        if sel.numel():
-            q = leaving[sel]
-            enc_rows.append(_take_ring(win, slots[sel], q[:, None] * pt + offs, ring).reshape(-1, *u.shape[1:]))
-            page = plan.decode_pages[sel, q]
+        pl, sl_ = pos.tolist(), slots.tolist()                               # decisions on ints (B is small)
+        sel = [i for i, p in enumerate(pl) if p % pt == 0 and p // pt - wp - 1 >= 0]   # a page leaves the window
+        if sel:
+            si = torch.tensor(sel, device=dev)
+            q = pos[si] // pt - wp - 1
+            enc_rows.append(_take_ring(win, slots[si], q[:, None] * pt + offs, ring).reshape(-1, *u.shape[1:]))
+            page = plan.decode_pages[si, q]
             enc_slots.append((page[:, None] * pt + offs).reshape(-1))
-        win.permute(0, 2, 1, 3, 4)[slots, pos % ring] = ud
+        one = len(pl) == 1                                                    # one row: views, no copies
+        s0 = sl_[0] if one else 0
+        if one:
+            win[s0, :, pl[0] % ring] = ud[0]
+        else:
+            win.permute(0, 2, 1, 3, 4)[slots, pos % ring] = ud
         if sinks is not None:
-            m = (pos < n_sinks).nonzero()[:, 0]
-            if m.numel():
-                sinks.permute(0, 2, 1, 3, 4)[slots[m], pos[m]] = ud.index_select(0, m)
-        one = slots.shape[0] == 1                                             # one row: views, no copies
-        s0 = int(slots[0]) if one else 0
+            for i in (i for i, p in enumerate(pl) if p < n_sinks):
+                sinks[sl_[i], :, pl[i]] = ud[i]
         sk = (sinks[s0:s0 + 1] if one else sinks[slots]).float() if sinks is not None else \
             u.new_zeros(slots.shape[0], 2, 0, *u.shape[2:])
         w = (win[s0:s0 + 1] if one else win[slots]).float()                 # [B, 2, R, Hkv, d]

@@ -215,16 +215,36 @@ def hq_paged_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, c
         sk_, sv_ = exact.sink_k.float().transpose(1, 2), exact.sink_v.float().transpose(1, 2)
         z = tau * (qt @ sk_.transpose(-1, -2))
         last.append((z.masked_fill(~keep[:, None, None, :], -math.inf), lambda p: p @ sv_))
-    st = _Online((b, hkv, g), d, dev)
     most = int(n_enc.max()) if b else 0
+    if most <= DECODE_BLOCK_PAGES:                                    # one block: one plain softmax over all parts
+        parts = last
+        if most:
+            parts = [_decode_block(qt, qn2, view, page_table[:, :most], 0, sinks, wlo, pt, tau, d)] + last
+        z = torch.cat([z for z, _ in parts], -1).softmax(-1)
+        o, at = None, 0
+        for zp, fn in parts:
+            w = fn(z[..., at:at + zp.shape[-1]])
+            o, at = w if o is None else o + w, at + zp.shape[-1]
+        return unrotate_output(o, signs[1])
+    st = _Online((b, hkv, g), d, dev)
     for p0 in range(0, most, DECODE_BLOCK_PAGES):
         p1 = min(most, p0 + DECODE_BLOCK_PAGES)
-        ck, sk, rk, cv, sv = decode_pages(view, page_table[:, p0:p1])   # [B, Hkv, m, d], [B, Hkv, m]
-        jpos = p0 * pt + torch.arange(ck.shape[2], device=dev)
+        part = [_decode_block(qt, qn2, view, page_table[:, p0:p1], p0, sinks, wlo, pt, tau, d)]
+        st.add(part + last if p1 == most else part)
+    return unrotate_output(st.result(), signs[1])
+
+
+def _decode_block(qt, qn2, view, pages, p0: int, sinks: int, wlo, pt: int, tau: float, d: int):
+    """(masked scores [B, Hkv, g, m], weighted-values fn) of one block of compressed pages (LongTensor [B, n],
+    the first at page index p0) for the decode rows qt [B, Hkv, g, d]. With one row every position of the block
+    below wlo is read except the sinks, so those columns are sliced off instead of masked."""
+    ck, sk, rk, cv, sv = decode_pages(view, pages)                    # [B, Hkv, m, d], [B, Hkv, m]
+    if qt.shape[0] == 1:
+        cut = max(0, sinks - p0 * pt)
+        ck, sk, rk, cv, sv = ck[:, :, cut:], sk[:, :, cut:], rk[:, :, cut:], cv[:, :, cut:], sv[:, :, cut:]
+        z = _compressed_scores(qt, qn2, ck, sk, rk, tau, d)
+    else:
+        jpos = p0 * pt + torch.arange(ck.shape[2], device=qt.device)
         keep = (jpos[None, :] >= sinks) & (jpos[None, :] < wlo[:, None])
         z = _compressed_scores(qt, qn2, ck, sk, rk, tau, d).masked_fill(~keep[:, None, None, :], -math.inf)
-        part = [(z, lambda p, cv=cv, sv=sv: _weighted(p, cv, sv))]
-        st.add(part + last if p1 == most else part)
-    if most == 0:
-        st.add(last)
-    return unrotate_output(st.result(), signs[1])
+    return z, lambda p: _weighted(p, cv, sv)

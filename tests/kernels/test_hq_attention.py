@@ -104,3 +104,13 @@ def test_dispatcher_checks_the_exact_part():
         from ignisd.cache.kv_format import get_kv_format
         from ignisd.cache.kv_store import KVStore
         KVStore(get_kv_format("fp32"), kv.geometry, 2).write_exact(0, q, q, None, st)
+
+
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_small_page_blocks_match_the_oracle(monkeypatch, blocks):
+    """The online softmax across several compressed blocks (prefill and decode), against the same oracle."""
+    from ignis_kernels.attention import hq_reference
+    monkeypatch.setattr(hq_reference, "BLOCK_PAGES", blocks)
+    monkeypatch.setattr(hq_reference, "DECODE_BLOCK_PAGES", blocks)
+    test_prefill_and_decode_match_the_oracle(6, 2, 16, 8, 2, [13, 1, 1, 20, 1, 7, 1, 1, 1])
+    test_batched_decode_of_three_sequences()
