@@ -21,10 +21,12 @@ from functools import lru_cache
 
 import torch
 
-from ignis_kernels.attention.exact import ExactRing, ExactSpan, encoded_pages
+from ignis_kernels.attention.exact import ExactRing, ExactSpan, encoded_pages, window_start
 from ignis_kernels.kvq.reference import codewords
 from ignis_kernels.kvq.rotation import fwht
 
+_FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+"""torch's CPU flash attention returning each row's log-sum-exp (None where this build lacks it)."""
 BLOCK_PAGES = 16
 """Compressed pages decoded per step of a prefill chunk (1,024 tokens at 64 a page)."""
 DECODE_BLOCK_PAGES = 64
@@ -171,7 +173,12 @@ def hq_paged_attention(q: torch.Tensor, view, page_table: torch.Tensor, start: i
                      flat(lambda p: p @ sv_)))
     st = _Online((hkv, g, n), d, dev)
     n_enc = encoded_pages(ctx, wp, pt)
-    for p0 in range(0, n_enc, BLOCK_PAGES):
+    common = min(n_enc, window_start(start, wp, pt) // pt)           # pages every query reads compressed
+    if common * pt > sinks and _FLASH_LSE is not None and dev.type == "cpu":
+        _flash_common(st, qt, qn2, view, page_table[:common], sinks, tau)
+    else:
+        common = 0
+    for p0 in range(common, n_enc, BLOCK_PAGES):
         p1 = min(n_enc, p0 + BLOCK_PAGES)
         ck, sk, rk, cv, sv = decode_pages(view, page_table[p0:p1])  # [Hkv, m, d], [Hkv, m]
         jpos = p0 * pt + torch.arange(ck.shape[1], device=dev)
@@ -179,10 +186,27 @@ def hq_paged_attention(q: torch.Tensor, view, page_table: torch.Tensor, start: i
         part = [(rows(_compressed_scores(qt, qn2, ck, sk, rk, tau, d), keep),
                  flat(lambda p, cv=cv, sv=sv: _weighted(p, cv, sv)))]
         st.add(part + last if p1 == n_enc else part)
-    if n_enc == 0:
+    if common == n_enc:                                              # no masked block: the exact parts alone
         st.add(last)
     o = st.result().permute(2, 0, 1, 3)                              # [n, Hkv, g, d]
     return unrotate_output(o, signs[1])
+
+
+def _flash_common(st: _Online, qt, qn2, view, pages, sinks: int, tau: float) -> None:
+    """The compressed keys every query of a prefill chunk reads (positions [sinks, len(pages)·pt)): no mask, so one
+    fused flash-attention call with the variance correction folded into an extra dimension,
+    τ·[q̃, −½τ‖q‖²/d]·[ŝc, resid²] = τŝ(q̃·c) − ½τ²‖q‖²resid²/d, values ŝc (padded to d + 1). Seeds the online state
+    st ([Hkv, g, n]) with the result: m = the rows' log-sum-exp, l = 1, acc = the normalised output.
+    qt [Hkv, g·n, d], qn2 [Hkv, g·n]."""
+    ck, sk, rk, cv, sv = decode_pages(view, pages)                    # [Hkv, m, d], [Hkv, m]
+    d = ck.shape[-1]
+    kk = torch.cat((ck[:, sinks:] * sk[:, sinks:, None], (rk[:, sinks:] ** 2)[..., None]), -1)
+    vv = torch.nn.functional.pad(cv[:, sinks:] * sv[:, sinks:, None], (0, 1))
+    qq = torch.cat((qt, (-0.5 * tau / d) * qn2[..., None]), -1)
+    o, lse = _FLASH_LSE(qq[None], kk[None], vv[None], scale=tau)
+    st.m = lse[0].reshape(st.m.shape)
+    st.l = torch.ones_like(st.m)
+    st.acc = o[0, ..., :d].reshape(st.acc.shape)
 
 
 def hq_paged_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, context_lens: torch.Tensor,

@@ -110,11 +110,16 @@ BASE = ["--lanes", "1", "--model-context-tokens", "512"]
 
 @pytest.fixture(scope="module")
 def hybrid(tiny_qwen35_real_dir, tmp_path_factory):
-    """(tiered, cold, ref) daemons on the tiny hybrid. tiered: 16 device pages, a 12-page arena, 64 MB of KV-disk,
-    floors 1, enough retained host slots that slots never push a state past KV-RAM. ref: everything stays on the
-    device (a large pool, and retained slots for every state: each request retains a prefix and a checkpoint)."""
-    m = ["--model", str(tiny_qwen35_real_dir)]
-    kv = tmp_path_factory.mktemp("kv_hybrid")
+    """(tiered, cold, ref) daemons on the tiny hybrid (hybrid_daemons)."""
+    yield from hybrid_daemons(tiny_qwen35_real_dir, tmp_path_factory.mktemp("kv_hybrid"))
+
+
+def hybrid_daemons(model_dir, kv, extra=()):
+    """(tiered, cold, ref) daemons on the model at model_dir, each with `extra` args (e.g. a KV format), KV-disk in
+    kv. tiered: 16 device pages, a 12-page arena, 64 MB of KV-disk, floors 1, enough retained host slots that slots
+    never push a state past KV-RAM. ref: everything stays on the device (a large pool, and retained slots for every
+    state: each request retains a prefix and a checkpoint). A generator: stops the daemons when closed."""
+    m = ["--model", str(model_dir), *extra]
     procs = []
     try:
         cold = start(m + BASE + ["--vram-kv-pool-bytes", "2Ktok", "--reuse-prompt", "off"], "cold")
@@ -289,10 +294,11 @@ def test_hybrid_concurrent_clients_restoring_from_ram(tiny_qwen35_real_dir, hybr
 # ------------------------------------------------------------------ SmolLM2 once
 
 
-def test_smollm2_ram_hit_equals_cold(tmp_path):
+@pytest.mark.parametrize("fmt", [[], ["--model-kv-format", "hq-e8-2b"]], ids=["default", "hq-e8-2b"])
+def test_smollm2_ram_hit_equals_cold(tmp_path, fmt):
     d = start(["--lanes", "1", "--vram-kv-pool-bytes", "2Ktok", "--model-context-tokens", "1024",
                "--reuse-kv-host-pool-bytes", "64M", "--kv-disk-bytes", "off",
-               "--reuse-restore-floor-ram", "1"], "smol")
+               "--reuse-restore-floor-ram", "1", *fmt], "smol")
     try:
         c = d.conn()
         want = chat(c, "cold", fork(1, 130, 0), max_tokens=8, cache_prompt=False)   # as --reuse-prompt off

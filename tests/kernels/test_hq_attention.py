@@ -23,6 +23,7 @@ def rel(got, ref):
     (6, 2, 16, 8, 2, [13, 1, 1, 20, 1, 7, 1, 1, 1]),      # GQA 3, Wp 1, two sinks, mid-page chunks
     (4, 4, 8, 0, 0, [5, 1, 30, 1, 1]),                     # MHA, Wp 0 (only the current page exact), no sinks
     (2, 1, 32, 16, 1, [40, 1, 9, 1]),                      # MQA, Wp 2; a 40-token chunk is longer than the ring
+    (6, 2, 16, 16, 1, [25, 3, 1, 4, 2, 9]),                # chunks whose every compressed page precedes the window
 ])
 def test_prefill_and_decode_match_the_oracle(hq, hkv, d, window, sinks, pieces):
     kv, st, fmt = hq_pool(hkv=hkv, d=d, window=window, sinks=sinks)
