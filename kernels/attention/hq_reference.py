@@ -12,7 +12,11 @@ Everything happens in the rotated domain (§4.1-§4.2), query head h reading KV 
     õ = Σ_t p_t·(ŝ_t c_t or u_t);  o = s_V ⊙ H·õ/√d       values accumulated rotated, un-rotated once (§4.2)
 with p = softmax(z) over the causal context and the window rule of exact.py choosing, per (query, key), the exact
 or the compressed copy. τ = the softmax scale (default 1/√d). The compressed context is read page block by page
-block (online softmax, Milakov & Gimelshein 2018): no decoded copy of the whole context is ever held.
+block (online softmax, Milakov & Gimelshein 2018), each block's exact parts folded into its update. A prefill
+chunk's keys that all its queries read compressed (the pages before its first query's window) are decoded at once
+(4·(2d + 3) bytes a head-token on the CPU) and go through torch's fused CPU flash attention with the variance
+correction as an extra dimension (_flash_common); decode blocks are 64 pages, prefill blocks 16. The CPU cost is
+the number of torch ops, so codewords are gathered head-major for both kinds in one call from 24 KB of tables.
 """
 from __future__ import annotations
 
