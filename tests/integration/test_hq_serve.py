@@ -181,7 +181,8 @@ def hybrid_hq(tiny_qwen35_real_dir, tmp_path_factory):
                               host_slots=48)
 
 
-HQ_SKIPS_RAM = ("an hq-e8-2b checkpoint demoted from the device skips KV-RAM (to KV-disk, or dropped with KV-disk off) even with the arena and host slots sized for its image; found in issue 10, not diagnosed")
+HQ_SKIPS_RAM = ("an hq-e8-2b checkpoint demoted from the device skips KV-RAM (to KV-disk, or dropped with KV-disk "
+                "off) even with the arena and host slots sized for its image; found in issue 10, not diagnosed")
 
 
 @pytest.mark.xfail(strict=True, reason=HQ_SKIPS_RAM)

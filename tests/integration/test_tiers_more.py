@@ -299,7 +299,8 @@ def test_hybrid_concurrent_clients_restoring_from_ram(tiny_qwen35_real_dir, hybr
 
 # hq-e8-2b: each image carries the exact window (8.9 MB on SmolLM2): more arena and host slots, or it is dropped
 @pytest.mark.parametrize("fmt", [["--reuse-kv-host-pool-bytes", "64M"],
-                                 pytest.param(["--reuse-kv-host-pool-bytes", "256M", "--reuse-host-slots-per-lane", "48",
+                                 pytest.param(["--reuse-kv-host-pool-bytes", "256M",
+                                               "--reuse-host-slots-per-lane", "48",
                                                "--model-kv-format", "hq-e8-2b"], marks=pytest.mark.xfail(
                                      strict=True, reason="an hq-e8-2b checkpoint is dropped on its way to KV-RAM "
                                                          "(issue 10, not diagnosed; see test_hq_serve)"))],
