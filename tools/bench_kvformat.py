@@ -64,14 +64,14 @@ def quality(lm, tk, sizes, variants, policies, chunk):
                       f"{r['top1']:>6.3f}  {b}  ({time.time() - t0:.0f} s)", flush=True)
 
 
-def passkey(lm, tk, sizes, trials, policy, formats=("fp32", "hq-e8-2b")):
+def passkey(lm, tk, sizes, trials, policy, depths=(0.1, 0.5, 0.9), formats=("fp32", "hq-e8-2b")):
     """Passkey counts per (n, depth) for each format (tools/kvformat_passkey.py: shared prefix prefilled once and
     forked per trial, retrieval scored by teacher forcing the answer)."""
     w, s = (int(x) for x in policy.split(":"))
     print(f"## passkey retrieval (5-digit key at 10/50/90 % depth, teacher-forced greedy answer), W:S {policy}")
     keys = trial_keys(trials)
     for n in sizes:
-        for depth in (0.1, 0.5, 0.9):
+        for depth in depths:
             t0 = time.time()
             hits = {f: passkey_counts(lm.model, lm.spec, tk, f, n, depth, keys, w, s) for f in formats}
             print(f"{n:>5} tokens depth {depth:.0%}: " + "  ".join(f"{f} {h}/{trials}" for f, h in hits.items()) +
@@ -149,6 +149,7 @@ def main() -> None:
     ap.add_argument("--passkey", default="", help="passkey context sizes, e.g. 4096,8192")
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--passkey-policy", default="128:1")
+    ap.add_argument("--passkey-depths", default="0.1,0.5,0.9", help="needle depths, fractions of the filler")
     ap.add_argument("--cost", action="store_true")
     ap.add_argument("--cost-contexts", default="1024,4096")
     ap.add_argument("--hybrid", action="store_true")
@@ -161,7 +162,7 @@ def main() -> None:
     if a.sizes:
         quality(lm, tk, ints(a.sizes), a.variants.split(","), a.policies.split(","), a.chunk)
     if a.passkey:
-        passkey(lm, tk, ints(a.passkey), a.trials, a.passkey_policy)
+        passkey(lm, tk, ints(a.passkey), a.trials, a.passkey_policy, [float(x) for x in a.passkey_depths.split(",")])
     if a.cost:
         cost(lm, tk, ints(a.cost_contexts))
     if a.hybrid:
