@@ -11,16 +11,16 @@ Quality: teacher-forced next-token KL(p_fp32 ‖ p_fmt) and top-1 agreement on S
 bucket, for hq-e8-2b under each window:sinks policy and for the baselines of kvq_baselines.py (Lloyd-Max 2-bit,
 q4_0, q8_0) run through the same attention, window and sinks (tools/kvformat_eval.py). Policies are
 "window_tokens:sinks" (page-granular windows: 64 = the current page + 1, 128 = + 2).
-Passkey: a 5-digit key at 10 %, 50 %, 90 % depth of a filler text of N tokens, asked for at the end; greedy answer
-must contain the key; counts per format. Cost: tokens a 1 GiB pool holds per format, the torch codec's encode /
+Passkey: a 5-digit key at 10 %, 50 %, 90 % depth of a filler text of N tokens, asked for at the end; retrieved when
+the teacher-forced greedy argmax is every answer token (tools/kvformat_passkey.py: the text before the needle is
+prefilled once per (format, N, depth) and forked per trial); counts per format.
+Cost: tokens a 1 GiB pool holds per format, the torch codec's encode /
 decode throughput on this CPU, and prefill / decode tok/s of the daemon with hq-e8-2b against fp32 (a completion
 of the given context, 64 new tokens, --server-threads 2).
 """
 from __future__ import annotations
 
 import argparse
-import random
-import re
 import sys
 import tempfile
 import time
@@ -31,11 +31,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests")]
 
-from kvformat_eval import evaluate, license_text, make_store, teacher_forced_logits  # noqa: E402
+from kvformat_eval import evaluate, license_text  # noqa: E402
+from kvformat_passkey import passkey_counts, trial_keys  # noqa: E402
 from kvq_baselines import BITS  # noqa: E402
 
 from ignisd.cache.kv_format import get_kv_format  # noqa: E402
-from ignisd.model.batch import ForwardBatch, SeqChunk  # noqa: E402
 
 
 def _load_smollm():
@@ -54,54 +54,28 @@ def quality(lm, tk, sizes, variants, policies, chunk):
         ref = None
         for pol in policies:
             w, s = (int(x) for x in pol.split(":"))
-            t0 = time.time()
-            ref, res = evaluate(lm.model, lm.spec, ids, variants, exact_window=w, exact_sinks=s, chunk=chunk,
-                                ref=ref)
-            for v, r in res.items():
+            for v in variants:                                # one at a time: each row prints when it is done
+                t0 = time.time()
+                ref, res = evaluate(lm.model, lm.spec, ids, [v], exact_window=w, exact_sinks=s, chunk=chunk,
+                                    ref=ref)
+                r = res[v]
                 b = "  ".join(f"[{lo},{hi}) {kl:.4f}/{a:.3f}" for lo, hi, kl, a, _ in r["buckets"])
-                print(f"{t:>5} {v:<10} {pol:>6} {BITS.get(v, 0):>5} {r['kl']:>8.4f} {r['top1']:>6.3f}  {b}")
-            print(f"      ({time.time() - t0:.0f} s)", flush=True)
+                print(f"{t:>5} {v:<10} {pol:>6} {BITS.get(v.removesuffix('+c'), 0):>5} {r['kl']:>8.4f} "
+                      f"{r['top1']:>6.3f}  {b}  ({time.time() - t0:.0f} s)", flush=True)
 
 
-FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-
-
-@torch.inference_mode()
-def _greedy(model, kv, st, ids, n_new):
-    logits = teacher_forced_logits(model, ids, kv, st, chunk=512)[-1]
-    out = [int(logits.argmax())]
-    pages = list(range(kv.num_pages))
-    for i in range(n_new - 1):
-        b = ForwardBatch.build([SeqChunk([out[-1]], len(ids) + i, pages, "last", 0 if st is not None else None)],
-                               kv.page_tokens)
-        out.append(int(model.forward(b, kv, st)[0].argmax()))
-    return out
-
-
-def passkey(lm, tk, sizes, trials, policy):
+def passkey(lm, tk, sizes, trials, policy, depths=(0.1, 0.5, 0.9), formats=("fp32", "hq-e8-2b")):
+    """Passkey counts per (n, depth) for each format (tools/kvformat_passkey.py: shared prefix prefilled once and
+    forked per trial, retrieval scored by teacher forcing the answer)."""
     w, s = (int(x) for x in policy.split(":"))
-    print(f"## passkey retrieval (greedy, key at 10/50/90 % depth), hq-e8-2b W:S {policy} vs fp32")
-    rng = random.Random(0)
-    filler = tk.encode(FILLER)
-    head = tk.encode("There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize "
-                     "it. I will quiz you about it.\n")
+    print(f"## passkey retrieval (5-digit key at 10/50/90 % depth, teacher-forced greedy answer), W:S {policy}")
+    keys = trial_keys(trials)
     for n in sizes:
-        for depth in (0.1, 0.5, 0.9):
-            hits = {"fp32": 0, "hq-e8-2b": 0}
-            for _ in range(trials):
-                key = rng.randint(10000, 99999)
-                needle = tk.encode(f" The pass key is {key}. Remember it. {key} is the pass key. ")
-                tail = tk.encode("\nWhat is the pass key? The pass key is")
-                body = n - len(head) - len(needle) - len(tail)
-                fill = (filler * (body // len(filler) + 1))[:body]
-                cut = int(body * depth)
-                ids = head + fill[:cut] + needle + fill[cut:] + tail
-                for fmt in hits:
-                    kv, st = make_store(lm.spec, fmt, len(ids) + 8, w, s)
-                    text = tk.decode(_greedy(lm.model, kv, st, ids, 7))
-                    hits[fmt] += str(key) in re.sub(r"\s", "", text)
-            print(f"{n:>5} tokens depth {depth:.0%}: fp32 {hits['fp32']}/{trials}  "
-                  f"hq-e8-2b {hits['hq-e8-2b']}/{trials}", flush=True)
+        for depth in depths:
+            t0 = time.time()
+            hits = {f: passkey_counts(lm.model, lm.spec, tk, f, n, depth, keys, w, s) for f in formats}
+            print(f"{n:>5} tokens depth {depth:.0%}: " + "  ".join(f"{f} {h}/{trials}" for f, h in hits.items()) +
+                  f"  ({time.time() - t0:.0f} s)", flush=True)
 
 
 def _codec_rates():
@@ -124,7 +98,8 @@ def _daemon_rates(fmt, ctx, tk):
                     "--server-threads", "2", "--reuse-prompt", "off"], Path(tempfile.mkdtemp(prefix="ignis-")))
     try:
         ids = license_text(ctx, tk)
-        c = d.conn()
+        from daemon_support import RawConn
+        c = RawConn(d.socket, timeout=1800.0)                          # a 4K hq prefill on a busy 2-core box is slow
         c.request({"id": "w", "op": "completion", "prompt": ids[:64], "max_tokens": 4, "temperature": 0})
         r = c.request({"id": "r", "op": "completion", "prompt": ids, "max_tokens": 64, "temperature": 0,
                        "stop": []})
@@ -174,6 +149,7 @@ def main() -> None:
     ap.add_argument("--passkey", default="", help="passkey context sizes, e.g. 4096,8192")
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--passkey-policy", default="128:1")
+    ap.add_argument("--passkey-depths", default="0.1,0.5,0.9", help="needle depths, fractions of the filler")
     ap.add_argument("--cost", action="store_true")
     ap.add_argument("--cost-contexts", default="1024,4096")
     ap.add_argument("--hybrid", action="store_true")
@@ -186,7 +162,7 @@ def main() -> None:
     if a.sizes:
         quality(lm, tk, ints(a.sizes), a.variants.split(","), a.policies.split(","), a.chunk)
     if a.passkey:
-        passkey(lm, tk, ints(a.passkey), a.trials, a.passkey_policy)
+        passkey(lm, tk, ints(a.passkey), a.trials, a.passkey_policy, [float(x) for x in a.passkey_depths.split(",")])
     if a.cost:
         cost(lm, tk, ints(a.cost_contexts))
     if a.hybrid:

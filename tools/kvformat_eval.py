@@ -8,7 +8,8 @@ position's next-token distribution is compared with the fp32 cache's: KL(p_fp32 
 agreement, overall and by context-position bucket.
 
 Variants: "fp32", "bf16", "hq-e8-2b" (the real format), and the research baselines of kvq_baselines ("lloyd2",
-"q4_0", "q8_0") under the same window and sinks. "hq-e8-2b-noexact": no correction of the variance (research).
+"q4_0", "q8_0") under the same window and sinks. A "+c" suffix ("hq-e8-2b+c", "lloyd2+c") turns key/value
+centering on (HQFormat.centering, HQ_E8_2B.md §4.3).
 """
 from __future__ import annotations
 
@@ -40,13 +41,15 @@ def license_text(tokens_wanted: int, tokenizer) -> list[int]:
 
 
 def make_store(spec, variant: str, tokens: int, exact_window: int = 64, exact_sinks: int = 1):
-    """(KVStore, StateStore or None) for one sequence of up to `tokens` tokens in `variant`."""
+    """(KVStore, StateStore or None) for one sequence of up to `tokens` tokens in `variant` (a name of the module
+    docstring, "+c" for centering). Raises ValueError for an unknown name."""
     pages = -(-tokens // 64) + 1
-    if variant in QUANTIZERS:
-        fmt = sim_format(variant, exact_window, exact_sinks)
-        kv = KVStore(fmt, spec, pages, quantizer=QUANTIZERS[variant])
+    base, centering = (variant[:-2], True) if variant.endswith("+c") else (variant, None)
+    if base in QUANTIZERS:
+        fmt = sim_format(base, exact_window, exact_sinks, bool(centering))
+        kv = KVStore(fmt, spec, pages, quantizer=QUANTIZERS[base])
     else:
-        fmt = get_kv_format(variant, exact_window, exact_sinks)
+        fmt = get_kv_format(base, exact_window, exact_sinks, centering)
         kv = KVStore(fmt, spec, pages)
     buffers = spec.state_buffers() + fmt.seq_state_buffers(spec)      # a hybrid's GDN state + the window
     return kv, (StateStore(buffers, 1) if buffers else None)
@@ -67,11 +70,17 @@ def teacher_forced_logits(model, ids: list[int], kv, states, chunk: int = 256) -
     return torch.cat(out)
 
 
+def _kl_rows(ref: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
+    """KL(softmax ref ‖ softmax got) per row in float64 (rows [m, vocab] -> [m]); compare() feeds it 256 rows at a
+    time so an 8K × 49K vocabulary never exists in float64."""
+    lp, lq = ref.double().log_softmax(-1), got.double().log_softmax(-1)
+    return (lp.exp() * (lp - lq)).sum(-1)
+
+
 def compare(ref: torch.Tensor, got: torch.Tensor) -> dict:
     """KL(p_ref ‖ p_got) and top-1 agreement per position, with their means overall and per BUCKETS range.
     ref, got: logits [T, vocab]. Returns {"kl", "top1", "buckets": [(lo, hi, kl, top1, n)], "kl_pos", "top1_pos"}."""
-    lp, lq = ref.double().log_softmax(-1), got.double().log_softmax(-1)
-    kl = (lp.exp() * (lp - lq)).sum(-1)
+    kl = torch.cat([_kl_rows(ref[i:i + 256], got[i:i + 256]) for i in range(0, ref.shape[0], 256)])
     agree = (ref.argmax(-1) == got.argmax(-1)).double()
     rows = []
     for lo, hi in zip(BUCKETS, BUCKETS[1:]):

@@ -37,9 +37,11 @@ class SimFormat(HQFormat):
         return [BufferSpec("uhat", (2, h, d), "float32"), BufferSpec("resid", (2, h), "float32")]
 
 
-def sim_format(name: str, exact_window: int, exact_sinks: int) -> SimFormat:
-    """The SimFormat of baseline `name` (a key of QUANTIZERS) with hq-e8-2b's window parameters."""
-    return SimFormat(name, "hq-sim", "float32", exact_window=exact_window, exact_sinks=exact_sinks)
+def sim_format(name: str, exact_window: int, exact_sinks: int, centering: bool = False) -> SimFormat:
+    """The SimFormat of baseline `name` (a key of QUANTIZERS) with hq-e8-2b's window, sink and centering
+    parameters."""
+    return SimFormat(name, "hq-sim", "float32", exact_window=exact_window, exact_sinks=exact_sinks,
+                     centering=centering)
 
 
 def lloyd2(u: torch.Tensor, signs: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -9,7 +9,8 @@ The dense formats (fp32, bf16) store K and V as they are: page buffers "k" and "
 layer in the format's dtype, and no per-sequence state. hq-e8-2b (HQ_E8_2B.md, `HQFormat`) stores per token and
 layer a 2-bit E8P record per (kind, KV head): "codes" int16 [2, Hkv, d/8], "scale" float32 [2, Hkv], "resid" and
 "norm" float16 [2, Hkv] (index 0 keys, 1 values; 16·d/8 + 8 bytes a head-token, §1.2), and as per-sequence state
-its exact recent window ("kv_window") and exact sinks ("kv_sinks") in the rotated domain (§4.3).
+its exact recent window ("kv_window") and exact sinks ("kv_sinks") in the rotated domain (§4.3), and with key/value
+centering on (§4.3 "Key centering") the sequence's centre ("kv_center").
 
 Layout, where it differs from HQ_E8_2B.md §1.3: the spec packs each (layer, page) as one 36,864-byte block of
 per-(kind, head) struct-of-arrays sub-blocks; here every field is one pool-wide array [layers, slots, 2, Hkv, ...]
@@ -116,13 +117,18 @@ class HQFormat(KVFormat):
     pages before the current one (so between Wp·pt + 1 and (Wp + 1)·pt recent tokens are exact). exact_sinks: the
     first S positions, kept exact for the whole sequence. exact_dtype: the window's storage dtype (float32 on the
     CPU, where activations are fp32; bfloat16 on CUDA, §4.3). page_tokens: tokens per page (the window's unit).
-    Raises ValueError for a negative window or sink count.
+    centering: key/value centering (§4.3): once page 0 leaves the window, the mean μ of its rotated keys and values
+    at positions [S, pt) (all of page 0 when S >= pt) is the sequence's centre; from then on every stored key and
+    value — encoded pages, the window and the sinks — is x − μ, and attention adds μ_V back to its output (keys need
+    nothing back: q·μ_K is the same for every key of a query, and softmax ignores it). Raises ValueError for a
+    negative window or sink count.
     """
 
     exact_window: int = HQ_DEFAULT_WINDOW
     exact_sinks: int = 1
     exact_dtype: str = "float32"
     page_tokens: int = 64
+    centering: bool = False
 
     def __post_init__(self) -> None:
         if self.exact_window < 0 or self.exact_sinks < 0 or self.page_tokens < 1:
@@ -151,11 +157,14 @@ class HQFormat(KVFormat):
 
     def seq_state_buffers(self, geom: Geometry) -> list[BufferSpec]:
         """Per state slot: "kv_window" [L, 2, R, Hkv, d] (ring, slot = position % R) and, when exact_sinks > 0,
-        "kv_sinks" [L, 2, S, Hkv, d], both rotated, in exact_dtype."""
+        "kv_sinks" [L, 2, S, Hkv, d], both rotated, in exact_dtype; with centering, "kv_center" [L, 2, Hkv, d]
+        float32 (the rotated μ_K, μ_V; zero until page 0 leaves the window)."""
         n, h, d = int(geom.n_attention_layers), int(geom.num_kv_heads), int(geom.head_dim)
         out = [BufferSpec("kv_window", (n, 2, self.ring_tokens, h, d), self.exact_dtype)]
         if self.exact_sinks:
             out.append(BufferSpec("kv_sinks", (n, 2, self.exact_sinks, h, d), self.exact_dtype))
+        if self.centering:
+            out.append(BufferSpec("kv_center", (n, 2, h, d), "float32"))
         return out
 
     def encoded_pages(self, ctx: int) -> int:
@@ -173,9 +182,10 @@ class HQFormat(KVFormat):
 
     @property
     def stamp(self) -> str:
-        """name/w<Wp pages>/s<sinks>/<exact dtype>/seed<FORMAT_SEED hex>: two daemons with another window, sink
-        count or seed keep incompatible images and pages."""
-        return f"{self.name}/w{self.exact_window_pages}/s{self.exact_sinks}/{self.exact_dtype}/seed6871653832620001"
+        """name/w<Wp pages>/s<sinks>[/c]/<exact dtype>/seed<FORMAT_SEED hex> ("/c": centering on): two daemons with
+        another window, sink count, centering or seed keep incompatible images and pages."""
+        c = "/c" if self.centering else ""
+        return f"{self.name}/w{self.exact_window_pages}/s{self.exact_sinks}{c}/{self.exact_dtype}/seed6871653832620001"
 
 
 KV_FORMATS: dict[str, KVFormat] = {
@@ -186,10 +196,11 @@ KV_FORMATS: dict[str, KVFormat] = {
 """The formats this build stores, by name (hq-e8-2b with its default window and sinks; see get_kv_format)."""
 
 
-def get_kv_format(name: str, exact_window: int | None = None, exact_sinks: int | None = None) -> KVFormat:
-    """Return the KVFormat called `name`; for hq-e8-2b with kv.exact_window (None: HQ_DEFAULT_WINDOW) and
-    kv.exact_sinks (None: the format's default) applied; the dense formats ignore both. Raises ValueError naming the
-    allowed formats when `name` is unknown, or for a negative window / sink count."""
+def get_kv_format(name: str, exact_window: int | None = None, exact_sinks: int | None = None,
+                  centering: bool | None = None) -> KVFormat:
+    """Return the KVFormat called `name`; for hq-e8-2b with kv.exact_window (None: HQ_DEFAULT_WINDOW), kv.exact_sinks
+    and kv.centering (None: the format's defaults) applied; the dense formats ignore them. Raises ValueError naming
+    the allowed formats when `name` is unknown, or for a negative window / sink count."""
     try:
         fmt = KV_FORMATS[name]
     except KeyError:
@@ -197,5 +208,6 @@ def get_kv_format(name: str, exact_window: int | None = None, exact_sinks: int |
     if isinstance(fmt, HQFormat):
         fmt = HQFormat(fmt.name, fmt.tag, fmt.dtype,
                        exact_window=HQ_DEFAULT_WINDOW if exact_window is None else exact_window,
-                       exact_sinks=fmt.exact_sinks if exact_sinks is None else exact_sinks)
+                       exact_sinks=fmt.exact_sinks if exact_sinks is None else exact_sinks,
+                       centering=fmt.centering if centering is None else centering)
     return fmt

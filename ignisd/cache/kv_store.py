@@ -198,12 +198,27 @@ def _take_ring(win: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, 
     return win.permute(0, 2, 1, 3, 4)[slots[:, None], positions % ring]
 
 
+def _center_mean(x: torch.Tensor, n_sinks: int, pt: int) -> torch.Tensor:
+    """μ of page 0 (HQFormat.centering): x [pt, 2, Hkv, d] its exact rotated keys/values (window dtype); the float32
+    mean over positions [S, pt) (all pt when S >= pt) -> [2, Hkv, d]."""
+    lo = n_sinks if n_sinks < pt else 0
+    return x[lo:pt].float().mean(0)
+
+
+def _recenter(t: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
+    """(t − μ) rounded to t's dtype; t [..., 2, m, Hkv, d], μ [..., 2, Hkv, d] float32."""
+    return (t.float() - mu.unsqueeze(-3)).to(t.dtype)
+
+
 def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, states) -> tuple[list, ExactRing | None]:
     """Steps 1-5 above for attention layer `layer` of `store` (a KVStore of an exact-window format).
 
     k, v: [T, Hkv, d] float, the batch's new keys (post-RoPE) and values, rows in batch order. plan: the forward's
     AttentionPlan (duck-typed: prefill = [(row, n, start, page_table, slot)], decode_rows / decode_pages /
-    decode_lens / decode_slots). states: the state store holding "kv_window" (and "kv_sinks") for every slot.
+    decode_lens / decode_slots). states: the state store holding "kv_window" (and "kv_sinks", "kv_center") for
+    every slot. Under centering (HQFormat.centering) a sequence is centred from the write of position (Wp + 1)·pt
+    on (when page 0 leaves the window): μ is fixed from page 0's exact tokens, the ring and sinks are re-centred
+    once, and every later token is stored as u − μ; a function of positions only, like the window rule.
     Returns ([ExactSpan per prefill chunk, in plan order], ExactRing of the decode rows or None).
     Raises ValueError for a chunk without a state slot, KeyError for a state store without the window buffers.
     """
@@ -212,7 +227,8 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
     signs = store.signs[layer]
     win = states.buffer("kv_window")[:, layer]                               # [slots, 2, R, Hkv, d]
     sinks = states.buffer("kv_sinks")[:, layer] if n_sinks else None         # [slots, 2, S, Hkv, d]
-    u = torch.stack((rotate(k, signs[0]), rotate(v, signs[1])), dim=1).to(win.dtype)   # [T, 2, Hkv, d]
+    center = states.buffer("kv_center")[:, layer] if getattr(fmt, "centering", False) else None  # [slots, 2, Hkv, d]
+    u = rotate(torch.stack((k, v), dim=1), signs).to(win.dtype)             # [T, 2, Hkv, d], one FWHT for both
     dev = u.device
     enc_rows: list[torch.Tensor] = []
     enc_slots: list[torch.Tensor] = []
@@ -225,40 +241,72 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
         e0, e1 = fmt.encoded_pages(start), fmt.encoded_pages(end)
         lo = e0 * pt
         sl = torch.tensor([slot], device=dev)
+        un = u[row:row + n]
+        cv = None
+        if center is not None and e1 > 0:
+            if e0 == 0:                                                       # page 0 leaves the window now
+                page0 = torch.cat((_take_ring(win, sl, torch.arange(0, min(start, pt), device=dev)[None], ring)[0],
+                                   un[:max(0, pt - start)]), dim=0)
+                center[slot] = _center_mean(page0, n_sinks, pt)
+                win[slot] = _recenter(win[slot], center[slot])
+                if sinks is not None:
+                    sinks[slot] = _recenter(sinks[slot], center[slot])
+            un = _recenter(un.transpose(0, 1), center[slot]).transpose(0, 1)
+            cv = center[slot, 1].clone()
         before = _take_ring(win, sl, torch.arange(lo, start, device=dev)[None], ring)[0]
-        full = torch.cat((before, u[row:row + n]), dim=0)                    # positions lo .. end-1
+        full = torch.cat((before, un), dim=0)                                 # positions lo .. end-1
         if e1 > e0:
             enc_rows.append(full[e0 * pt - lo:e1 * pt - lo])
             enc_slots.append((pages[e0:e1].to(dev)[:, None] * pt + offs).reshape(-1))
         w0 = max(start, end - ring)
-        win.permute(0, 2, 1, 3, 4)[slot, torch.arange(w0, end, device=dev) % ring] = u[row + w0 - start:row + n]
+        win.permute(0, 2, 1, 3, 4)[slot, torch.arange(w0, end, device=dev) % ring] = un[w0 - start:]
         if sinks is not None and start < n_sinks:
             s1 = min(end, n_sinks)
-            sinks.permute(0, 2, 1, 3, 4)[slot, start:s1] = u[row:row + s1 - start]
+            sinks.permute(0, 2, 1, 3, 4)[slot, start:s1] = un[:s1 - start]
         first = window_start(start, wp, pt)
         part = full[first - lo:].float()
         sk = sinks[slot, :, :min(n_sinks, end)].float() if sinks is not None else u.new_zeros(2, 0, *u.shape[2:])
-        spans.append(ExactSpan(part[:, 0], part[:, 1], first, sk[0], sk[1], n_sinks, wp))
+        spans.append(ExactSpan(part[:, 0], part[:, 1], first, sk[0], sk[1], n_sinks, wp, cv))
     ring_out = None
     if plan.decode_rows is not None:
         if plan.decode_slots is None:
             raise ValueError("hq-e8-2b: decode rows without state slots (the exact window lives in the slot)")
         rows, slots, pos = plan.decode_rows, plan.decode_slots, plan.decode_lens - 1
-        leaving = pos // pt - wp - 1                                          # page leaving at a page start
-        sel = ((pos % pt == 0) & (leaving >= 0)).nonzero()[:, 0]
-        if sel.numel():
-            q = leaving[sel]
-            enc_rows.append(_take_ring(win, slots[sel], q[:, None] * pt + offs, ring).reshape(-1, *u.shape[1:]))
-            page = plan.decode_pages[sel, q]
+        ud = u.index_select(0, rows)
+        cv = None
+        if center is not None:
+            fix = (pos == (wp + 1) * pt).nonzero()[:, 0]                      # page 0 leaves the window now
+            for i in fix.tolist():
+                s = int(slots[i])
+                center[s] = _center_mean(win[s].transpose(0, 1)[:pt], n_sinks, pt)
+                win[s] = _recenter(win[s], center[s])
+                if sinks is not None:
+                    sinks[s] = _recenter(sinks[s], center[s])
+            on = (pos >= (wp + 1) * pt)[:, None, None, None]
+            cen = center[slots]                                               # [B, 2, Hkv, d]
+            ud = torch.where(on, _recenter(ud[:, :, None], cen)[:, :, 0], ud)
+            cv = torch.where(on[:, 0], cen[:, 1], torch.zeros_like(cen[:, 1]))
+        pl, sl_ = pos.tolist(), slots.tolist()                               # decisions on ints (B is small)
+        sel = [i for i, p in enumerate(pl) if p % pt == 0 and p // pt - wp - 1 >= 0]   # a page leaves the window
+        if sel:
+            si = torch.tensor(sel, device=dev)
+            q = pos[si] // pt - wp - 1
+            enc_rows.append(_take_ring(win, slots[si], q[:, None] * pt + offs, ring).reshape(-1, *u.shape[1:]))
+            page = plan.decode_pages[si, q]
             enc_slots.append((page[:, None] * pt + offs).reshape(-1))
-        win.permute(0, 2, 1, 3, 4)[slots, pos % ring] = u.index_select(0, rows)
+        one = len(pl) == 1                                                    # one row: views, no copies
+        s0 = sl_[0] if one else 0
+        if one:
+            win[s0, :, pl[0] % ring] = ud[0]
+        else:
+            win.permute(0, 2, 1, 3, 4)[slots, pos % ring] = ud
         if sinks is not None:
-            m = (pos < n_sinks).nonzero()[:, 0]
-            if m.numel():
-                sinks.permute(0, 2, 1, 3, 4)[slots[m], pos[m]] = u.index_select(0, rows[m])
-        sk = sinks[slots].float() if sinks is not None else u.new_zeros(slots.shape[0], 2, 0, *u.shape[2:])
-        w = win[slots].float()                                                # [B, 2, R, Hkv, d]
-        ring_out = ExactRing(w[:, 0], w[:, 1], sk[:, 0], sk[:, 1], wp)
+            for i in (i for i, p in enumerate(pl) if p < n_sinks):
+                sinks[sl_[i], :, pl[i]] = ud[i]
+        sk = (sinks[s0:s0 + 1] if one else sinks[slots]).float() if sinks is not None else \
+            u.new_zeros(slots.shape[0], 2, 0, *u.shape[2:])
+        w = (win[s0:s0 + 1] if one else win[slots]).float()                 # [B, 2, R, Hkv, d]
+        ring_out = ExactRing(w[:, 0], w[:, 1], sk[:, 0], sk[:, 1], wp, cv)
     if enc_rows:
         store.encode_into(layer, torch.cat(enc_slots), torch.cat(enc_rows))
     return spans, ring_out

@@ -121,7 +121,8 @@ def paged_attention(q: torch.Tensor, view: PagedView, page_table: torch.Tensor, 
 
     q: [n, Hq, d] at positions start .. start+n-1; view: the layer's PagedView (the n new keys/values already
     written; hq: every page encoded at context start+n); page_table: LongTensor [>= ceil((start+n)/page_tokens)].
-    scale: default 1/sqrt(d). exact: the chunk's ExactSpan (required for hq views, ignored for dense).
+    scale: default 1/sqrt(d). exact: the chunk's ExactSpan (required for hq views, ignored for dense); its
+    center_v (key/value centering) is added back to the output here, for every backend.
     Returns [n, Hq, d] (q's dtype for dense, float32 for hq). Raises ValueError for a view tag without a kernel or
     inconsistent shapes (heads not a multiple, head_dim mismatch, too few pages, a missing exact part).
     """
@@ -135,8 +136,10 @@ def paged_attention(q: torch.Tensor, view: PagedView, page_table: torch.Tensor, 
                              f"not cover the window of queries {start} .. {start + q.shape[0] - 1}")
         if view.tag == "hq-e8-2b" and hq_backend(q.device) == "triton":
             from ignis_kernels.attention import hq_triton
-            return hq_triton.hq_paged_attention(q, view, page_table, start, exact, scale)
-        return hq_reference.hq_paged_attention(q, view, page_table, start, exact, scale)
+            out = hq_triton.hq_paged_attention(q, view, page_table, start, exact, scale)
+        else:
+            out = hq_reference.hq_paged_attention(q, view, page_table, start, exact, scale)
+        return hq_reference.add_center(out, exact.center_v, view.params["signs"][1])
     k_pages, v_pages = _dense("paged_attention", q, view)
     return reference.paged_attention(q, k_pages, v_pages, page_table, start, scale)
 
@@ -159,7 +162,9 @@ def paged_decode_attention(q: torch.Tensor, view: PagedView, page_table: torch.T
                              f"{exact.window_pages} window pages")
         if view.tag == "hq-e8-2b" and hq_backend(q.device) == "triton":
             from ignis_kernels.attention import hq_triton
-            return hq_triton.hq_paged_decode_attention(q, view, page_table, context_lens, exact, scale)
-        return hq_reference.hq_paged_decode_attention(q, view, page_table, context_lens, exact, scale)
+            out = hq_triton.hq_paged_decode_attention(q, view, page_table, context_lens, exact, scale)
+        else:
+            out = hq_reference.hq_paged_decode_attention(q, view, page_table, context_lens, exact, scale)
+        return hq_reference.add_center(out, exact.center_v, view.params["signs"][1])
     k_pages, v_pages = _dense("paged_decode_attention", q, view)
     return reference.paged_decode_attention(q, k_pages, v_pages, page_table, context_lens, scale)

@@ -11,6 +11,9 @@ Exact keys/values are held in the rotated domain (u = H·(s ⊙ x)/√d, §4.2),
 - `ExactSpan` (one prefill chunk): the exact keys/values of positions [first, ctx) in position order, and the sinks;
 - `ExactRing` (a batch of decode steps): each sequence's ring of R = (Wp + 1)·pt slots (slot = position % R) and
   its sinks.
+Under key/value centering (HQ_E8_2B.md §4.3) every stored key and value of a centred sequence is x − μ, exact ones
+included, and `center_v` carries the rotated μ_V the attention output gets back (o += s_V ⊙ H·μ_V/√d); keys need
+nothing back, since q·μ_K shifts all of a query's scores alike.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ class ExactSpan:
     k, v: float32 [m, Hkv, d], rotated, of positions first .. first+m−1 (= the chunk's context end − 1).
     sink_k, sink_v: float32 [s, Hkv, d] rotated, positions 0 .. s−1 (s = min(sinks, ctx); s may be 0).
     sinks: S, the format's sink count (keys j < S are read from sink_k/sink_v). window_pages: Wp.
+    center_v: float32 [Hkv, d], the rotated μ_V added back to the output when the sequence is centred; else None.
     """
 
     k: torch.Tensor
@@ -47,6 +51,7 @@ class ExactSpan:
     sink_v: torch.Tensor
     sinks: int
     window_pages: int
+    center_v: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class ExactRing:
 
     k, v: float32 [B, R, Hkv, d] rotated; slot r of row b holds the position ≡ r (mod R) in [ctx_b − R, ctx_b).
     sink_k, sink_v: float32 [B, S, Hkv, d] rotated (S may be 0). window_pages: Wp; R = (Wp + 1) · page_tokens.
+    center_v: float32 [B, Hkv, d], each row's rotated μ_V (zero for a row not centred yet), or None (no centering).
     """
 
     k: torch.Tensor
@@ -62,3 +68,4 @@ class ExactRing:
     sink_k: torch.Tensor
     sink_v: torch.Tensor
     window_pages: int
+    center_v: torch.Tensor | None = None

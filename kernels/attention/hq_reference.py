@@ -12,57 +12,86 @@ Everything happens in the rotated domain (§4.1-§4.2), query head h reading KV 
     õ = Σ_t p_t·(ŝ_t c_t or u_t);  o = s_V ⊙ H·õ/√d       values accumulated rotated, un-rotated once (§4.2)
 with p = softmax(z) over the causal context and the window rule of exact.py choosing, per (query, key), the exact
 or the compressed copy. τ = the softmax scale (default 1/√d). The compressed context is read page block by page
-block (online softmax, Milakov & Gimelshein 2018): no decoded copy of the whole context is ever held.
+block (online softmax, Milakov & Gimelshein 2018), each block's exact parts folded into its update. A prefill
+chunk's keys that all its queries read compressed (the pages before its first query's window) are decoded at once
+(4·(2d + 3) bytes a head-token on the CPU) and go through torch's fused CPU flash attention with the variance
+correction as an extra dimension (_flash_common); decode blocks are 64 pages, prefill blocks 16. The CPU cost is
+the number of torch ops, so codewords are gathered head-major for both kinds in one call from 24 KB of tables.
 """
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 
-from ignis_kernels.attention.exact import ExactRing, ExactSpan, encoded_pages
+from ignis_kernels.attention.exact import ExactRing, ExactSpan, encoded_pages, window_start
 from ignis_kernels.kvq.reference import codewords
 from ignis_kernels.kvq.rotation import fwht
 
+_FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+"""torch's CPU flash attention returning each row's log-sum-exp (None where this build lacks it)."""
 BLOCK_PAGES = 16
-"""Compressed pages decoded per step (1,024 tokens at 64 a page)."""
+"""Compressed pages decoded per step of a prefill chunk (1,024 tokens at 64 a page)."""
+DECODE_BLOCK_PAGES = 64
+"""Compressed pages decoded per step of a decode batch (4,096 tokens: one step up to a 4K context)."""
+
+
+@lru_cache(maxsize=None)
+def _hadamard(d: int, device: str) -> torch.Tensor:
+    """H_d/√d as a float32 [d, d] matrix (symmetric, orthonormal), built with the FWHT so its entries are exactly
+    ±1/√d."""
+    return fwht(torch.eye(d, device=device)) * (1.0 / math.sqrt(d))
 
 
 def rotate_queries(q: torch.Tensor, signs_k: torch.Tensor) -> torch.Tensor:
-    """q̃ of queries q [..., Hq, d] with the key signs [Hkv, d] of their KV heads (head h: KV head h // g).
-    Returns float32 [..., Hkv, g, d]."""
+    """q̃ = H·(s_K ⊙ q)/√d of queries q [..., Hq, d] with the key signs [Hkv, d] of their KV heads (head h: KV head
+    h // g), as one matmul by H/√d (the queries are never stored, so the rounding of a matmul is fine; the stored
+    keys and values use the batch-independent FWHT of kvq.rotation). Returns float32 [..., Hkv, g, d]."""
     hkv, d = signs_k.shape
     qg = q.float().reshape(*q.shape[:-2], hkv, q.shape[-2] // hkv, d)
-    return fwht(qg * signs_k[:, None, :]) * (1.0 / math.sqrt(d))
+    return (qg * signs_k[:, None, :]) @ _hadamard(d, str(q.device))
 
 
 def unrotate_output(o: torch.Tensor, signs_v: torch.Tensor) -> torch.Tensor:
-    """o = s_V ⊙ H·õ/√d for õ [..., Hkv, g, d] (rotated V domain) -> float32 [..., Hkv·g, d]."""
+    """o = s_V ⊙ H·õ/√d for õ [..., Hkv, g, d] (rotated V domain; one matmul) -> float32 [..., Hkv·g, d]."""
     d = o.shape[-1]
-    out = fwht(o) * (1.0 / math.sqrt(d)) * signs_v[:, None, :]
+    out = (o @ _hadamard(d, str(o.device))) * signs_v[:, None, :]
     return out.reshape(*o.shape[:-3], o.shape[-3] * o.shape[-2], d)
 
 
+def add_center(o: torch.Tensor, center_v: torch.Tensor | None, signs_v: torch.Tensor) -> torch.Tensor:
+    """Key/value centering (HQ_E8_2B.md §4.3): o + s_V ⊙ H·μ_V/√d, the values' centre added back to an attention
+    output computed over centred values (Σ_t p_t = 1). o: float32 [..., Hq, d]; center_v: rotated μ_V [..., Hkv, d]
+    (broadcast over query heads h → KV head h // g) or None (returns o); signs_v: [Hkv, d]."""
+    if center_v is None:
+        return o
+    hkv, d = signs_v.shape
+    mu = fwht(center_v.float()) * (1.0 / math.sqrt(d)) * signs_v                  # [..., Hkv, d] original domain
+    return o + mu.repeat_interleave(o.shape[-2] // hkv, dim=-2)
+
+
 def decode_pages(view, pages: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The keys and values of `pages` (LongTensor [..., n]) of an hq view, rotated and not yet scaled:
-    (ck, sk, rk, cv, sv) with c float32 [..., n·pt, Hkv, d] (codewords, or uhat for "hq-sim"), s float32
-    [..., n·pt, Hkv] (scale; 1 for "hq-sim") and rk float32 [..., n·pt, Hkv] (the keys' resid)."""
+    """The keys and values of `pages` (LongTensor [..., n]) of an hq view, rotated and not yet scaled, head-major:
+    (ck, sk, rk, cv, sv) with c float32 [..., Hkv, n·pt, d] (codewords, or uhat for "hq-sim"), s float32
+    [..., Hkv, n·pt] (scale; 1 for "hq-sim") and rk float32 [..., Hkv, n·pt] (the keys' resid). The int16 codes are
+    permuted to head-major before the one codeword gather of both kinds, so the floats are written in place."""
     b = view.buffers
     lead = pages.shape
     flat = pages.reshape(-1)
 
-    def take(name):
+    def take(name):                                           # -> [..., 2, Hkv, n·pt, ...]
         t = b[name].index_select(0, flat)                     # [N, pt, 2, Hkv, ...]
-        return t.reshape(*lead[:-1], lead[-1] * t.shape[1], *t.shape[2:])
+        t = t.reshape(*lead[:-1], lead[-1] * t.shape[1], *t.shape[2:])
+        return t.movedim(len(lead) - 1, len(lead) + 1).contiguous()
 
     resid = take("resid").float()
     if "uhat" in b:
         u = take("uhat").float()
-        ones = torch.ones_like(resid[..., 0, :])
-        return u[..., 0, :, :], ones, resid[..., 0, :], u[..., 1, :, :], ones
-    codes, scale = take("codes"), take("scale").float()
-    return (codewords(codes[..., 0, :, :]), scale[..., 0, :], resid[..., 0, :], codewords(codes[..., 1, :, :]),
-            scale[..., 1, :])
+        ones = torch.ones_like(resid[..., 0, :, :])
+        return u[..., 0, :, :, :], ones, resid[..., 0, :, :], u[..., 1, :, :, :], ones
+    c, scale = codewords(take("codes")), take("scale").float()           # one gather for keys and values
+    return c[..., 0, :, :, :], scale[..., 0, :, :], resid[..., 0, :, :], c[..., 1, :, :, :], scale[..., 1, :, :]
 
 
 class _Online:
@@ -73,14 +102,20 @@ class _Online:
         self.l = torch.zeros(shape, device=device)
         self.acc = torch.zeros(*shape, d, device=device)
 
-    def add(self, z: torch.Tensor, weighted_values) -> None:
-        """z: masked scores [*, m] (−inf: not read); weighted_values(p) -> Σ_t p_t·value_t [*, d]."""
-        m_new = torch.maximum(self.m, z.amax(-1))
+    def add(self, parts) -> None:
+        """One update over several key groups at once: parts = [(z, weighted_values)], z: masked scores [*, m_i]
+        (−inf: not read); weighted_values(p) -> Σ_t p_t·value_t [*, d]."""
+        m_new = self.m
+        for z, _ in parts:
+            m_new = torch.maximum(m_new, z.amax(-1))
         safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         alpha = torch.exp(self.m - safe)
-        p = torch.exp(z - safe[..., None])
-        self.l = self.l * alpha + p.sum(-1)
-        self.acc = self.acc * alpha[..., None] + weighted_values(p)
+        self.l = self.l * alpha
+        self.acc = self.acc * alpha[..., None]
+        for z, weighted_values in parts:
+            p = torch.exp(z - safe[..., None])
+            self.l = self.l + p.sum(-1)
+            self.acc = self.acc + weighted_values(p)
         self.m = m_new
 
     def result(self) -> torch.Tensor:
@@ -93,44 +128,89 @@ def _view_parts(view, q: torch.Tensor) -> tuple[int, int, int, torch.Tensor]:
     return hkv, q.shape[-2] // hkv, d, signs
 
 
+def _compressed_scores(qt, qn2, ck, sk, rk, tau: float, d: int) -> torch.Tensor:
+    """z = τ·ŝ·(q̃·c) − ½τ²‖q‖²·resid²/d (§4.1) of query rows qt [..., Hkv, R, d] (qn2 [..., Hkv, R]) against the
+    head-major codewords ck [..., Hkv, m, d] with scale sk and resid rk [..., Hkv, m]: [..., Hkv, R, m]."""
+    dots = qt @ ck.transpose(-1, -2)
+    return dots * (tau * sk).unsqueeze(-2) - (0.5 * tau * tau / d) * qn2.unsqueeze(-1) * (rk * rk).unsqueeze(-2)
+
+
+def _weighted(p, c, s=None):
+    """Σ_t p_t·(s_t)·c_t: p [..., Hkv, R, m], c [..., Hkv, m, d] head-major, s [..., Hkv, m] or None ->
+    [..., Hkv, R, d]."""
+    return (p if s is None else p * s.unsqueeze(-2)) @ c
+
+
 def hq_paged_attention(q: torch.Tensor, view, page_table: torch.Tensor, start: int, exact: ExactSpan,
                        scale: float | None = None) -> torch.Tensor:
     """Causal attention of one sequence's n new queries over its hq-e8-2b context.
 
     q: [n, Hq, d] (positions start .. start+n−1). view: the layer's hq PagedView, holding every page encoded at
     context start+n (pages [0, encoded_pages(start+n))). page_table: LongTensor [>= encoded pages]. exact: the
-    chunk's ExactSpan (positions [exact.first, start+n) and the sinks). Returns float32 [n, Hq, d]."""
+    chunk's ExactSpan (positions [exact.first, start+n) and the sinks). Returns float32 [n, Hq, d]. The compressed
+    pages are read BLOCK_PAGES at a time; the exact span and sinks join the last block's softmax update."""
     n = q.shape[0]
     hkv, g, d, signs = _view_parts(view, q)
     tau = 1.0 / math.sqrt(d) if scale is None else scale
     wp, pt, sinks = exact.window_pages, view.page_tokens, exact.sinks
     ctx = start + n
-    qt = rotate_queries(q, signs[0]).permute(1, 2, 0, 3)           # [Hkv, g, n, d]
-    qn2 = (q.float() ** 2).sum(-1).view(n, hkv, g).permute(1, 2, 0)  # [Hkv, g, n]
-    ppos = torch.arange(start, ctx, device=q.device)
+    dev = q.device
+    qt = rotate_queries(q, signs[0]).permute(1, 2, 0, 3).reshape(hkv, g * n, d)     # rows (g, n)
+    qn2 = (q.float() ** 2).sum(-1).view(n, hkv, g).permute(1, 2, 0).reshape(hkv, g * n)
+    ppos = torch.arange(start, ctx, device=dev)
     wlo = torch.clamp(ppos // pt - wp, min=0) * pt                  # [n] first exact position per query
-    st = _Online((hkv, g, n), d, q.device)
-    n_enc = encoded_pages(ctx, wp, pt)
-    for p0 in range(0, n_enc, BLOCK_PAGES):
-        pages = page_table[p0:min(n_enc, p0 + BLOCK_PAGES)]
-        ck, sk, rk, cv, sv = decode_pages(view, pages)
-        jpos = p0 * pt + torch.arange(ck.shape[0], device=q.device)
-        keep = (jpos[None, :] <= ppos[:, None]) & (jpos[None, :] >= sinks) & (jpos[None, :] < wlo[:, None])
-        z = tau * torch.einsum("hgnd,mhd->hgnm", qt, ck) * sk.t()[:, None, None, :]
-        z = z - 0.5 * tau * tau * qn2[..., None] * (rk.t() ** 2)[:, None, None, :] / d
-        z = z.masked_fill(~keep, -math.inf)
-        st.add(z, lambda p, sv=sv, cv=cv: torch.einsum("hgnm,mhd->hgnd", p * sv.t()[:, None, None, :], cv))
-    jpos = exact.first + torch.arange(exact.k.shape[0], device=q.device)
+
+    def rows(z, keep):                                              # [Hkv, g·n, m] -> masked [Hkv, g, n, m]
+        return z.view(hkv, g, n, -1).masked_fill(~keep, -math.inf)
+
+    def flat(fn):                                                   # weighted sum over [Hkv, g, n, m] weights
+        return lambda p: fn(p.reshape(hkv, g * n, -1)).view(hkv, g, n, d)
+
+    jpos = exact.first + torch.arange(exact.k.shape[0], device=dev)
     keep = (jpos[None, :] <= ppos[:, None]) & (jpos[None, :] >= sinks) & (jpos[None, :] >= wlo[:, None])
-    z = (tau * torch.einsum("hgnd,mhd->hgnm", qt, exact.k.float())).masked_fill(~keep, -math.inf)
-    st.add(z, lambda p: torch.einsum("hgnm,mhd->hgnd", p, exact.v.float()))
+    ek, ev = exact.k.float().transpose(0, 1), exact.v.float().transpose(0, 1)    # [Hkv, m, d]
+    last = [(rows(tau * (qt @ ek.transpose(-1, -2)), keep), flat(lambda p: p @ ev))]
     if exact.sink_k.shape[0]:
-        jpos = torch.arange(exact.sink_k.shape[0], device=q.device)
-        z = tau * torch.einsum("hgnd,mhd->hgnm", qt, exact.sink_k.float())
-        z = z.masked_fill(~(jpos[None, :] <= ppos[:, None]), -math.inf)
-        st.add(z, lambda p: torch.einsum("hgnm,mhd->hgnd", p, exact.sink_v.float()))
+        jpos = torch.arange(exact.sink_k.shape[0], device=dev)
+        sk_, sv_ = exact.sink_k.float().transpose(0, 1), exact.sink_v.float().transpose(0, 1)
+        last.append((rows(tau * (qt @ sk_.transpose(-1, -2)), jpos[None, :] <= ppos[:, None]),
+                     flat(lambda p: p @ sv_)))
+    st = _Online((hkv, g, n), d, dev)
+    n_enc = encoded_pages(ctx, wp, pt)
+    common = min(n_enc, window_start(start, wp, pt) // pt)           # pages every query reads compressed
+    if common * pt > sinks and _FLASH_LSE is not None and dev.type == "cpu":
+        _flash_common(st, qt, qn2, view, page_table[:common], sinks, tau)
+    else:
+        common = 0
+    for p0 in range(common, n_enc, BLOCK_PAGES):
+        p1 = min(n_enc, p0 + BLOCK_PAGES)
+        ck, sk, rk, cv, sv = decode_pages(view, page_table[p0:p1])  # [Hkv, m, d], [Hkv, m]
+        jpos = p0 * pt + torch.arange(ck.shape[1], device=dev)
+        keep = (jpos[None, :] <= ppos[:, None]) & (jpos[None, :] >= sinks) & (jpos[None, :] < wlo[:, None])
+        part = [(rows(_compressed_scores(qt, qn2, ck, sk, rk, tau, d), keep),
+                 flat(lambda p, cv=cv, sv=sv: _weighted(p, cv, sv)))]
+        st.add(part + last if p1 == n_enc else part)
+    if common == n_enc:                                              # no masked block: the exact parts alone
+        st.add(last)
     o = st.result().permute(2, 0, 1, 3)                              # [n, Hkv, g, d]
     return unrotate_output(o, signs[1])
+
+
+def _flash_common(st: _Online, qt, qn2, view, pages, sinks: int, tau: float) -> None:
+    """The compressed keys every query of a prefill chunk reads (positions [sinks, len(pages)·pt)): no mask, so one
+    fused flash-attention call with the variance correction folded into an extra dimension,
+    τ·[q̃, −½τ‖q‖²/d]·[ŝc, resid²] = τŝ(q̃·c) − ½τ²‖q‖²resid²/d, values ŝc (padded to d + 1). Seeds the online state
+    st ([Hkv, g, n]) with the result: m = the rows' log-sum-exp, l = 1, acc = the normalised output.
+    qt [Hkv, g·n, d], qn2 [Hkv, g·n]."""
+    ck, sk, rk, cv, sv = decode_pages(view, pages)                    # [Hkv, m, d], [Hkv, m]
+    d = ck.shape[-1]
+    kk = torch.cat((ck[:, sinks:] * sk[:, sinks:, None], (rk[:, sinks:] ** 2)[..., None]), -1)
+    vv = torch.nn.functional.pad(cv[:, sinks:] * sv[:, sinks:, None], (0, 1))
+    qq = torch.cat((qt, (-0.5 * tau / d) * qn2[..., None]), -1)
+    o, lse = _FLASH_LSE(qq[None], kk[None], vv[None], scale=tau)
+    st.m = lse[0].reshape(st.m.shape)
+    st.l = torch.ones_like(st.m)
+    st.acc = o[0, ..., :d].reshape(st.acc.shape)
 
 
 def hq_paged_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, context_lens: torch.Tensor,
@@ -138,40 +218,61 @@ def hq_paged_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, c
     """One new query per sequence for B sequences over hq-e8-2b pages.
 
     q: [B, Hq, d], row b at position context_lens[b] − 1. page_table: LongTensor [B, W] (padding: any valid page).
-    exact: the batch's ExactRing (rings and sinks after this step's write). Returns float32 [B, Hq, d]."""
+    exact: the batch's ExactRing (rings and sinks after this step's write). Returns float32 [B, Hq, d]. The
+    compressed pages are read DECODE_BLOCK_PAGES at a time; the ring and sinks join the last block's update."""
     b = q.shape[0]
     hkv, g, d, signs = _view_parts(view, q)
     tau = 1.0 / math.sqrt(d) if scale is None else scale
     wp, pt = exact.window_pages, view.page_tokens
     sinks = exact.sink_k.shape[1]
+    dev = q.device
     pos = context_lens - 1                                            # [B]
     wlo = torch.clamp(pos // pt - wp, min=0) * pt                     # [B]
     n_enc = torch.clamp(pos // pt - wp, min=0)                        # encoded pages per row
-    qt = rotate_queries(q, signs[0])                                  # [B, Hkv, g, d]
+    qt = rotate_queries(q, signs[0])                                  # [B, Hkv, g, d]: g query rows per KV head
     qn2 = (q.float() ** 2).sum(-1).view(b, hkv, g)
-    st = _Online((b, hkv, g), d, q.device)
-    most = int(n_enc.max()) if b else 0
-    for p0 in range(0, most, BLOCK_PAGES):
-        pages = page_table[:, p0:min(most, p0 + BLOCK_PAGES)]
-        ck, sk, rk, cv, sv = decode_pages(view, pages)                # [B, m, Hkv, d], [B, m, Hkv]
-        jpos = p0 * pt + torch.arange(ck.shape[1], device=q.device)
-        keep = (jpos[None, :] >= sinks) & (jpos[None, :] < wlo[:, None])
-        z = tau * torch.einsum("bhgd,bmhd->bhgm", qt, ck) * sk.transpose(1, 2)[:, :, None, :]
-        z = z - 0.5 * tau * tau * qn2[..., None] * (rk.transpose(1, 2) ** 2)[:, :, None, :] / d
-        z = z.masked_fill(~keep[:, None, None, :], -math.inf)
-        st.add(z, lambda p, sv=sv, cv=cv: torch.einsum("bhgm,bmhd->bhgd", p * sv.transpose(1, 2)[:, :, None, :],
-                                                         cv))
     ring = exact.k.shape[1]
-    r = torch.arange(ring, device=q.device)
+    r = torch.arange(ring, device=dev)
     rpos = pos[:, None] - torch.remainder(pos[:, None] - r[None, :], ring)   # [B, R] position held by slot r
     keep = (rpos >= wlo[:, None]) & (rpos >= sinks) & (rpos >= 0)
-    z = tau * torch.einsum("bhgd,bmhd->bhgm", qt, exact.k.float())
-    st.add(z.masked_fill(~keep[:, None, None, :], -math.inf),
-           lambda p: torch.einsum("bhgm,bmhd->bhgd", p, exact.v.float()))
+    ek, ev = exact.k.float().transpose(1, 2), exact.v.float().transpose(1, 2)     # [B, Hkv, R, d]
+    z = tau * (qt @ ek.transpose(-1, -2))                              # [B, Hkv, g, R]
+    last = [(z.masked_fill(~keep[:, None, None, :], -math.inf), lambda p: p @ ev)]
     if sinks:
-        keep = torch.arange(sinks, device=q.device)[None, :] <= pos[:, None]
-        z = tau * torch.einsum("bhgd,bmhd->bhgm", qt, exact.sink_k.float())
-        st.add(z.masked_fill(~keep[:, None, None, :], -math.inf),
-               lambda p: torch.einsum("bhgm,bmhd->bhgd", p, exact.sink_v.float()))
+        keep = torch.arange(sinks, device=dev)[None, :] <= pos[:, None]
+        sk_, sv_ = exact.sink_k.float().transpose(1, 2), exact.sink_v.float().transpose(1, 2)
+        z = tau * (qt @ sk_.transpose(-1, -2))
+        last.append((z.masked_fill(~keep[:, None, None, :], -math.inf), lambda p: p @ sv_))
+    most = int(n_enc.max()) if b else 0
+    if most <= DECODE_BLOCK_PAGES:                                    # one block: one plain softmax over all parts
+        parts = last
+        if most:
+            parts = [_decode_block(qt, qn2, view, page_table[:, :most], 0, sinks, wlo, pt, tau, d)] + last
+        z = torch.cat([z for z, _ in parts], -1).softmax(-1)
+        o, at = None, 0
+        for zp, fn in parts:
+            w = fn(z[..., at:at + zp.shape[-1]])
+            o, at = w if o is None else o + w, at + zp.shape[-1]
+        return unrotate_output(o, signs[1])
+    st = _Online((b, hkv, g), d, dev)
+    for p0 in range(0, most, DECODE_BLOCK_PAGES):
+        p1 = min(most, p0 + DECODE_BLOCK_PAGES)
+        part = [_decode_block(qt, qn2, view, page_table[:, p0:p1], p0, sinks, wlo, pt, tau, d)]
+        st.add(part + last if p1 == most else part)
     return unrotate_output(st.result(), signs[1])
 
+
+def _decode_block(qt, qn2, view, pages, p0: int, sinks: int, wlo, pt: int, tau: float, d: int):
+    """(masked scores [B, Hkv, g, m], weighted-values fn) of one block of compressed pages (LongTensor [B, n],
+    the first at page index p0) for the decode rows qt [B, Hkv, g, d]. With one row every position of the block
+    below wlo is read except the sinks, so those columns are sliced off instead of masked."""
+    ck, sk, rk, cv, sv = decode_pages(view, pages)                    # [B, Hkv, m, d], [B, Hkv, m]
+    if qt.shape[0] == 1:
+        cut = max(0, sinks - p0 * pt)
+        ck, sk, rk, cv, sv = ck[:, :, cut:], sk[:, :, cut:], rk[:, :, cut:], cv[:, :, cut:], sv[:, :, cut:]
+        z = _compressed_scores(qt, qn2, ck, sk, rk, tau, d)
+    else:
+        jpos = p0 * pt + torch.arange(ck.shape[2], device=qt.device)
+        keep = (jpos[None, :] >= sinks) & (jpos[None, :] < wlo[:, None])
+        z = _compressed_scores(qt, qn2, ck, sk, rk, tau, d).masked_fill(~keep[:, None, None, :], -math.inf)
+    return z, lambda p: _weighted(p, cv, sv)

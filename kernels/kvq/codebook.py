@@ -73,6 +73,33 @@ def decode_table(device: torch.device | str = "cpu") -> torch.Tensor:
     return _tables_on(str(torch.device(device)))[2]
 
 
+@lru_cache(maxsize=None)
+def _split_cpu() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g, odd, _ = _tables_cpu()
+    r = torch.arange(512)
+    low, t, par_a = r & 0x7F, (r >> 7) & 1, r >> 8
+    bits = (low[:, None] >> torch.arange(7)) & 1                            # n0..n6
+    n7 = par_a ^ (bits.sum(1) % 2)
+    neg = torch.cat((bits, n7[:, None]), dim=1).bool()
+    signs = torch.where(neg, -1.0, 1.0)                                     # [512, 8]
+    shift = torch.where(t.bool(), -0.25, 0.25)                              # [512]
+    return odd.to(torch.int32), signs.contiguous(), shift
+
+
+@lru_cache(maxsize=None)
+def _split_on(device: str) -> tuple[torch.Tensor, ...]:
+    return tuple(x.to(device) for x in _split_cpu())
+
+
+def split_tables(device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The codeword decode of §1.1 split into cache-resident tables (24 KB in all, against the 2 MB decode table):
+    (G float32 [256, 8], odd int32 [256], signs float32 [512, 8] of ±1, shift float32 [512]); the sign row of a
+    code is r = (code & 0xFF) | odd(code >> 8) << 8 (low byte: t and n0..n6; n7 from the parity), and
+    decode(code) = G[code >> 8] ⊙ signs[r] + shift[r], exactly (every value is a multiple of 1/4)."""
+    dev = str(torch.device(device))
+    return (abs_table(dev), *_split_on(dev))
+
+
 def gpu_row_words() -> torch.Tensor:
     """The GPU table form (§2.4): int64 [256], bits 2i+1:2i = level(g_i) = g_i − 1/2 ∈ {0,1,2}, bit 16 = odd(a)."""
     g, odd, _ = _tables_cpu()

@@ -57,13 +57,13 @@ def where(d, tokens: int) -> str | None:
     return rows[0]["tier"] if rows else None
 
 
-def checkpoint_tokens(d) -> int:
-    """The length of the retained opener checkpoint of the one conversation run so far: the shorter of its
+def checkpoint_tokens(d, expect: int = 2) -> int:
+    """The length of the retained opener checkpoint of the one conversation run so far: the shorter of its `expect`
     checkpoints (an attention-only model in an exact format also keeps the whole sequence, prompt + reply, DESIGN
-    §4.3; the scripted turn 2 does not send that reply back, so it resumes at the opener; under hq-e8-2b there is
-    only the opener's)."""
+    §4.3, so 2; hq-e8-2b keeps the previous rule, 1; the scripted turn 2 does not send that reply back, so it
+    resumes at the opener)."""
     cks = sorted(r["tokens"] for r in d.status()["retained"] if r["kind"] == "checkpoint")
-    assert len(cks) in (1, 2), cks
+    assert len(cks) == expect, cks
     return cks[0]
 
 

@@ -110,11 +110,18 @@ BASE = ["--lanes", "1", "--model-context-tokens", "512"]
 
 @pytest.fixture(scope="module")
 def hybrid(tiny_qwen35_real_dir, tmp_path_factory):
-    """(tiered, cold, ref) daemons on the tiny hybrid. tiered: 16 device pages, a 12-page arena, 64 MB of KV-disk,
-    floors 1, enough retained host slots that slots never push a state past KV-RAM. ref: everything stays on the
-    device (a large pool, and retained slots for every state: each request retains a prefix and a checkpoint)."""
-    m = ["--model", str(tiny_qwen35_real_dir)]
-    kv = tmp_path_factory.mktemp("kv_hybrid")
+    """(tiered, cold, ref) daemons on the tiny hybrid (hybrid_daemons)."""
+    yield from hybrid_daemons(tiny_qwen35_real_dir, tmp_path_factory.mktemp("kv_hybrid"))
+
+
+def hybrid_daemons(model_dir, kv, extra=(), images_in_arena=0, host_slots=32):
+    """(tiered, cold, ref) daemons on the model at model_dir, each with `extra` args (e.g. a KV format), KV-disk in
+    kv. tiered: 16 device pages, a 12-page arena, 64 MB of KV-disk, floors 1, enough retained host slots that slots
+    never push a state past KV-RAM. ref: everything stays on the device (a large pool, and retained slots for every
+    state: each request retains a prefix and a checkpoint). images_in_arena: state images the arena holds besides
+    its pages (hq-e8-2b's image carries the exact window, large next to its pages). A generator: stops the daemons
+    when closed."""
+    m = ["--model", str(model_dir), *extra]
     procs = []
     try:
         cold = start(m + BASE + ["--vram-kv-pool-bytes", "2Ktok", "--reuse-prompt", "off"], "cold")
@@ -122,8 +129,9 @@ def hybrid(tiny_qwen35_real_dir, tmp_path_factory):
         ref = start(m + BASE + ["--vram-kv-pool-bytes", "16Ktok", "--reuse-host-slots-per-lane", "128"], "ref")
         procs.append(ref)
         page = ref.status()["tiers"][0]["bytes_total"] // ref.status()["kv_pool"]["pages_total"]
-        tiered = start(m + BASE + ["--vram-kv-pool-bytes", "1Ktok", "--reuse-kv-host-pool-bytes", str(12 * page),
-                                   "--reuse-host-slots-per-lane", "32", "--kv-disk-bytes", "64M",
+        arena = 12 * page + images_in_arena * ref.status()["model"]["state_bytes"]
+        tiered = start(m + BASE + ["--vram-kv-pool-bytes", "1Ktok", "--reuse-kv-host-pool-bytes", str(arena),
+                                   "--reuse-host-slots-per-lane", str(host_slots), "--kv-disk-bytes", "64M",
                                    "--kv-disk-dir", str(kv), "--reuse-restore-floor-ram", "1",
                                    "--reuse-restore-floor-disk", "1"], "tiered")
         procs.append(tiered)
@@ -321,13 +329,20 @@ def test_hybrid_live_eviction_to_kv_disk_streams_the_uninterrupted_text(tiny_qwe
 # ------------------------------------------------------------------ SmolLM2 once
 
 
-def test_smollm2_ram_hit_equals_cold(tmp_path):
+# hq-e8-2b: each image carries the exact window (8.9 MB on SmolLM2): more arena and host slots, or it is dropped
+@pytest.mark.parametrize("fmt", [["--reuse-kv-host-pool-bytes", "64M"],
+                                 pytest.param(["--reuse-kv-host-pool-bytes", "256M",
+                                               "--reuse-host-slots-per-lane", "48",
+                                               "--model-kv-format", "hq-e8-2b"], marks=pytest.mark.xfail(
+                                     strict=True, reason="an hq-e8-2b checkpoint is dropped on its way to KV-RAM "
+                                                         "(issue 10, not diagnosed; see test_hq_serve)"))],
+                         ids=["default", "hq-e8-2b"])
+def test_smollm2_ram_hit_equals_cold(tmp_path, fmt):
     # fp32 weights: the exact reference. Under the native int4 kernels (bf16 activations) a resumed prefill, whose
     # chunks start at the checkpoint, may round differently from the cold one and part from it at a near-tie.
-    d = start(["--model-weight-format", "fp32",
-               "--lanes", "1", "--vram-kv-pool-bytes", "2Ktok", "--model-context-tokens", "1024",
-               "--reuse-kv-host-pool-bytes", "64M", "--kv-disk-bytes", "off",
-               "--reuse-restore-floor-ram", "1"], "smol")
+    d = start(["--model-weight-format", "fp32", "--lanes", "1", "--vram-kv-pool-bytes", "2Ktok",
+               "--model-context-tokens", "1024", "--kv-disk-bytes", "off", "--reuse-restore-floor-ram", "1", *fmt],
+              "smol")
     try:
         c = d.conn()
         want = chat(c, "cold", fork(1, 130, 0), max_tokens=8, cache_prompt=False)   # as --reuse-prompt off

@@ -77,3 +77,28 @@ def decoded(kv, layer, page_ids, ctx):
     kh, vh = kv.decode(layer, slots)
     rk = kv.buffer("resid")[layer].index_select(0, slots)[:, 0].float()
     return kh, vh, rk
+
+
+def run_pieces(kv, st, xk, xv, q, pages, pieces, slot=1):
+    """Write one sequence's keys/values xk, xv [ctx, Hkv, d] in chunks of `pieces` tokens on `pages` (state slot
+    `slot`, zeroed first) and attend each chunk's queries q [ctx, Hq, d]; yields (start, end, output [n, Hq, d],
+    decoded keys, decoded values, keys' resid) after each chunk (decoded(...) at context end)."""
+    st.zero(slot)
+    start = 0
+    for n in pieces:
+        end = start + n
+        plan, spans, ring = write_chunks(kv, st, 0, [(xk[start:end], xv[start:end], start, pages, slot)])
+        got = attend(q[start:end], kv, 0, plan, spans, ring)
+        yield (start, end, got, *decoded(kv, 0, pages, end))
+        start = end
+
+
+def write_pieces(kv, st, xk, xv, pieces, slot=0):
+    """Write one sequence of sum(pieces) tokens (xk, xv [ctx, Hkv, d]) in chunks of `pieces` on pages 0, 1, ..."""
+    pages = list(range(-(-sum(pieces) // kv.page_tokens)))
+    st.zero(slot)
+    start = 0
+    for n in pieces:
+        write_chunks(kv, st, 0, [(xk[start:start + n], xv[start:start + n], start, pages, slot)])
+        start += n
+    return pages

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ignis_kernels.attention as kattn
-from hq_support import attend, decoded, hq_pool, oracle, write_chunks
+from hq_support import attend, decoded, hq_pool, oracle, run_pieces, write_chunks, write_pieces
 
 torch.set_num_threads(1)
 
@@ -23,6 +23,7 @@ def rel(got, ref):
     (6, 2, 16, 8, 2, [13, 1, 1, 20, 1, 7, 1, 1, 1]),      # GQA 3, Wp 1, two sinks, mid-page chunks
     (4, 4, 8, 0, 0, [5, 1, 30, 1, 1]),                     # MHA, Wp 0 (only the current page exact), no sinks
     (2, 1, 32, 16, 1, [40, 1, 9, 1]),                      # MQA, Wp 2; a 40-token chunk is longer than the ring
+    (6, 2, 16, 16, 1, [25, 3, 1, 4, 2, 9]),                # chunks whose every compressed page precedes the window
 ])
 def test_prefill_and_decode_match_the_oracle(hq, hkv, d, window, sinks, pieces):
     kv, st, fmt = hq_pool(hkv=hkv, d=d, window=window, sinks=sinks)
@@ -32,18 +33,11 @@ def test_prefill_and_decode_match_the_oracle(hq, hkv, d, window, sinks, pieces):
     xk, xv = torch.randn(ctx, hkv, d, generator=g), torch.randn(ctx, hkv, d, generator=g)
     q = torch.randn(ctx, hq, d, generator=g) * 2
     pages = torch.randperm(kv.num_pages, generator=g)[:-(-ctx // pt)].tolist()
-    st.zero(1)
-    start = 0
-    for n in pieces:
-        end = start + n
-        plan, spans, ring = write_chunks(kv, st, 0, [(xk[start:end], xv[start:end], start, pages, 1)])
-        got = attend(q[start:end], kv, 0, plan, spans, ring)
-        kh, vh, rk = decoded(kv, 0, pages, end)
+    for start, end, got, kh, vh, rk in run_pieces(kv, st, xk, xv, q, pages, pieces):
         n_enc = fmt.encoded_pages(end) * pt
         assert not kh[n_enc:].any()                       # nothing past the window's start is encoded yet
         want = oracle(q[start:end], xk[:end], xv[:end], kh, vh, rk, start, wp, pt, sinks)
-        assert rel(got, want) < 2e-5, (start, n)
-        start = end
+        assert rel(got, want) < 2e-5, (start, end)
 
 
 def test_batched_decode_of_three_sequences():
@@ -78,12 +72,7 @@ def _write_all(pieces, seed=9):
     g = torch.Generator().manual_seed(seed)
     ctx = sum(pieces)
     xk, xv = torch.randn(ctx, 2, 16, generator=g), torch.randn(ctx, 2, 16, generator=g)
-    pages = list(range(-(-ctx // kv.page_tokens)))
-    st.zero(0)
-    start = 0
-    for n in pieces:
-        write_chunks(kv, st, 0, [(xk[start:start + n], xv[start:start + n], start, pages, 0)])
-        start += n
+    write_pieces(kv, st, xk, xv, pieces)
     return kv, st
 
 
@@ -116,3 +105,13 @@ def test_dispatcher_checks_the_exact_part():
         from ignisd.cache.kv_format import get_kv_format
         from ignisd.cache.kv_store import KVStore
         KVStore(get_kv_format("fp32"), kv.geometry, 2).write_exact(0, q, q, None, st)
+
+
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_small_page_blocks_match_the_oracle(monkeypatch, blocks):
+    """The online softmax across several compressed blocks (prefill and decode), against the same oracle."""
+    from ignis_kernels.attention import hq_reference
+    monkeypatch.setattr(hq_reference, "BLOCK_PAGES", blocks)
+    monkeypatch.setattr(hq_reference, "DECODE_BLOCK_PAGES", blocks)
+    test_prefill_and_decode_match_the_oracle(6, 2, 16, 8, 2, [13, 1, 1, 20, 1, 7, 1, 1, 1])
+    test_batched_decode_of_three_sequences()
