@@ -27,20 +27,16 @@ Raises ProtocolError (bad_request / model_unsupported) naming the Anthropic fiel
 """
 from __future__ import annotations
 
-import re
 
 from ignis_client import protocol as P
 
-from ignisd.log import get_logger
+from ignisd.fronts.chat_body import bad, function_tools, message_path, renamed
 
-log = get_logger("srv")
 BILLING_PREFIX = "x-anthropic-billing-header:"
 PASS_THROUGH = ("max_tokens", "temperature", "top_p", "top_k", "stream", "priority", "cache_prompt", "seed", "min_p")
-_MSG_PATH = re.compile(r"^messages\[(\d+)\]")
 
 
-def _bad(field: str, message: str, code: str = "bad_request") -> P.ProtocolError:
-    return P.ProtocolError(code, f"{field}: {message}", field)
+_bad = bad
 
 
 def _is_billing(text: str) -> bool:
@@ -152,31 +148,15 @@ def _assistant(content, p: str) -> dict:
     return msg
 
 
+def _schema(t: dict, i: int) -> dict:
+    schema = t.get("input_schema", {"type": "object", "properties": {}})
+    if not isinstance(schema, dict):
+        raise _bad(f"tools[{i}].input_schema", "must be a JSON schema object")
+    return schema
+
+
 def _tools(body: dict) -> list[dict] | None:
-    tools = body.get("tools")
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise _bad("tools", "must be a list of tools")
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, dict):
-            raise _bad(f"tools[{i}]", "must be an object")
-        kind = t.get("type")
-        if kind not in (None, "custom"):
-            log.info("tool_ignored", api="messages", type=str(kind)[:64], name=str(t.get("name"))[:64])
-            continue
-        if not isinstance(t.get("name"), str) or not t["name"]:
-            raise _bad(f"tools[{i}].name", "required (a string)")
-        schema = t.get("input_schema", {"type": "object", "properties": {}})
-        if not isinstance(schema, dict):
-            raise _bad(f"tools[{i}].input_schema", "must be a JSON schema object")
-        fn = {"name": t["name"]}   # OpenAI's key order: the template prints the tool as JSON, in this order
-        if isinstance(t.get("description"), str):
-            fn["description"] = t["description"]
-        fn["parameters"] = schema
-        out.append({"type": "function", "function": fn})
-    return out or None
+    return function_tools(body, "messages", lambda t: t.get("type") in (None, "custom"), _schema)
 
 
 def _tool_choice(tc):
@@ -257,12 +237,9 @@ def to_chat(body: dict, strip_billing: bool) -> tuple[dict, list[str]]:
 
 def remap(e: P.ProtocolError, paths: list[str]) -> P.ProtocolError:
     """`e` with a chat message path (``messages[k]…``) rewritten as the Anthropic path it came from."""
-    m = _MSG_PATH.match(e.field or "")
-    if m is None or int(m[1]) >= len(paths):
+    new = message_path(e.field, paths)
+    if new is None:
         if e.field == "stop" or (e.field or "").startswith("stop["):
             e.field = "stop_sequences" + e.field[4:]
         return e
-    new = paths[int(m[1])] + e.field[m.end():]
-    e.message = e.message.replace(e.field, new, 1)
-    e.field = new
-    return e
+    return renamed(e, new)

@@ -23,21 +23,19 @@ Raises ProtocolError naming the Responses field. †: imports no torch.
 """
 from __future__ import annotations
 
-import re
 
 import orjson
 from ignis_client import protocol as P
 
+from ignisd.fronts.chat_body import bad, function_tools, message_path, renamed
 from ignisd.log import get_logger
 
 log = get_logger("srv")
 PASS_THROUGH = ("temperature", "top_p", "stream", "priority", "cache_prompt", "seed", "top_k", "min_p")
 TEXT_PARTS = ("input_text", "output_text", "text")
-_MSG_PATH = re.compile(r"^messages\[(\d+)\]")
 
 
-def _bad(field: str, message: str, code: str = "bad_request") -> P.ProtocolError:
-    return P.ProtocolError(code, f"{field}: {message}", field)
+_bad = bad
 
 
 def _text(content, field: str):
@@ -130,26 +128,8 @@ def _items(items: list, out: list[dict], paths: list[str]) -> None:
 
 
 def _tools(body: dict) -> list[dict] | None:
-    tools = body.get("tools")
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise _bad("tools", "must be a list of tools")
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, dict):
-            raise _bad(f"tools[{i}]", "must be an object")
-        if t.get("type") != "function":
-            log.info("tool_ignored", api="responses", type=str(t.get("type"))[:64], name=str(t.get("name"))[:64])
-            continue
-        if not isinstance(t.get("name"), str) or not t["name"]:
-            raise _bad(f"tools[{i}].name", "required (a string)")
-        fn = {"name": t["name"]}   # OpenAI's key order: the template prints the tool as JSON, in this order
-        if isinstance(t.get("description"), str):
-            fn["description"] = t["description"]
-        fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
-        out.append({"type": "function", "function": fn})
-    return out or None
+    return function_tools(body, "responses", lambda t: t.get("type") == "function",
+                          lambda t, i: t.get("parameters") or {"type": "object", "properties": {}})
 
 
 def _tool_choice(tc):
@@ -215,14 +195,5 @@ def to_chat(body: dict) -> tuple[dict, list[str]]:
 def remap(e: P.ProtocolError, paths: list[str]) -> P.ProtocolError:
     """`e` with a chat path rewritten as the Responses field (``messages[k]`` → its item, max_tokens →
     max_output_tokens)."""
-    f = e.field or ""
-    m = _MSG_PATH.match(f)
-    if m is not None and int(m[1]) < len(paths):
-        new = paths[int(m[1])] + f[m.end():]
-    elif f == "max_tokens":
-        new = "max_output_tokens"
-    else:
-        return e
-    e.message = e.message.replace(f, new, 1)
-    e.field = new
-    return e
+    new = message_path(e.field, paths) or ("max_output_tokens" if e.field == "max_tokens" else None)
+    return e if new is None else renamed(e, new)

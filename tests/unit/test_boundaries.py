@@ -19,6 +19,7 @@ CONTROL_PLANE = [
     "ignisd.engine", "ignisd.edge", "ignisd.prompt", "ignisd.server", "ignisd.fronts.ndjson", "ignisd.unix_socket",
     "ignisd.fronts.sse", "ignisd.fronts.http", "ignisd.fronts.openai", "ignisd.fronts.anthropic",
     "ignisd.fronts.anthropic_request", "ignisd.fronts.responses", "ignisd.fronts.responses_request",
+    "ignisd.fronts.chat_body",
     "ignisd.cache.manager", "ignisd.cache.placement", "ignisd.cache.page_pool", "ignisd.cache.state_slots",
     "ignisd.cache.prefix_index", "ignisd.cache.retained", "ignisd.cache.retained_state", "ignisd.cache.kv_format",
     "ignisd.cache.extents", "ignisd.cache.tiers", "ignisd.cache.disk_format", "ignisd.cache.disk_store",
