@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import signal
     signal.signal(signal.SIGHUP, signal.SIG_IGN)   # a reload sent while torch imports must not kill the start
+    from ignisd.torch_threads import one_thread_by_default
+    one_thread_by_default()                        # before torch loads: only the forward worker runs it wide
     from ignisd.log import setup_logging, stderr_message
     try:
         cfg = parse_serve_args(argv[1:])

@@ -33,6 +33,7 @@ from ignisd.progress import LoadProgress
 from ignisd.reload import effective_config, plan_reload
 from ignisd.server import Server
 from ignisd.systemd import Notifier, inherited_sockets, match_sockets
+from ignisd.torch_threads import run_in_fresh_thread
 from ignisd.unix_socket import bind_socket, prepare_socket, set_socket_access, socket_gid
 
 log = get_logger("srv")
@@ -75,13 +76,14 @@ class Daemon:
         self._reload_lock = asyncio.Lock()
 
     async def _load(self, cfg: Config) -> ModelStack:
-        """The host's load callback: preflight (the start's own, once) and the weights in a worker thread."""
+        """The host's load callback: preflight (the start's own, once) and the weights in a thread of their own that
+        exits after the load (torch_threads: its OpenMP team must not outlive it)."""
         plan, self._plan = (self._plan, None) if self._plan is not None and self._plan.cfg is cfg else \
             (None, None)
         if plan is None:
             plan = preflight(cfg)
         progress = LoadProgress(plan.source.spec.name, self.notifier)
-        return await asyncio.get_running_loop().run_in_executor(None, ModelStack, plan, self.metrics, progress)
+        return await run_in_fresh_thread(ModelStack, plan, self.metrics, progress)
 
     # ---- run ----
     async def run(self) -> None:
