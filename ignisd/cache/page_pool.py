@@ -62,8 +62,10 @@ class PagePool:
             self._refs[p] += 1
 
     def release(self, pages: Iterable[int]) -> None:
-        """Drop one holder from each of `pages`; a page whose refcount reaches 0 returns to the free list."""
-        for p in pages:
+        """Drop one holder from each of `pages`; a page whose refcount reaches 0 returns to the free list. They
+        return last first, so a run of pages freed together is taken again in its own ascending order (single-lane
+        decode reads a consecutive run of pages in place: AttentionPlan.decode_single)."""
+        for p in reversed(list(pages)):
             if self._refs[p] <= 0:
                 raise IntegrityError(f"release of free page {p}")
             self._refs[p] -= 1

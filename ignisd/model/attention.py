@@ -31,6 +31,8 @@ class AttentionPlan:
     padded with each row's first page (masked by decode_lens); decode_lens: LongTensor [B] context lengths;
     decode_slots: LongTensor [B] their state slots (None when the chunks carry none).
     whole: the batch is one chunk or only decode tokens (attention output needs no scatter).
+    decode_single: with exactly one decode row, (its context length, its first page when its pages are the
+    consecutive run first, first+1, ... else None): the dense kernel's no-mask, no-copy shortcut; else None.
     """
 
     prefill: list[tuple[int, int, int, torch.Tensor, int | None]]
@@ -39,10 +41,13 @@ class AttentionPlan:
     decode_lens: torch.Tensor | None
     whole: bool
     decode_slots: torch.Tensor | None = None
+    decode_single: tuple[int, int | None] | None = None
 
     @classmethod
-    def from_batch(cls, batch: ForwardBatch) -> "AttentionPlan":
-        """Split `batch` into per-sequence prefill calls and one batched decode call."""
+    def from_batch(cls, batch: ForwardBatch, single: bool = True) -> "AttentionPlan":
+        """Split `batch` into per-sequence prefill calls and one batched decode call. single: allow the one-row
+        decode shortcut (decode_single); False keeps a row's arithmetic the same alone and batched (the
+        decoder's batch_invariant mode)."""
         prefill, rows, tables, lens, slots = [], [], [], [], []
         row = 0
         states = batch.state_slots or [None] * len(batch.seq_lens)
@@ -70,7 +75,11 @@ class AttentionPlan:
             if all(s is not None for s in slots):
                 d_slots = torch.tensor(slots, dtype=torch.long, device=dev)
         whole = len(batch.seq_lens) == 1 or not prefill
-        return cls(prefill, d_rows, d_pages, d_lens, whole, d_slots)
+        hint = None
+        if single and len(rows) == 1:
+            t = tables[0].tolist()
+            hint = (lens[0], t[0] if t == list(range(t[0], t[0] + len(t))) else None)
+        return cls(prefill, d_rows, d_pages, d_lens, whole, d_slots, hint)
 
 
 def paged_attend(q: torch.Tensor, kv: PagedKV, kv_layer: int, plan: AttentionPlan, t_all: int,
@@ -87,14 +96,16 @@ def paged_attend(q: torch.Tensor, kv: PagedKV, kv_layer: int, plan: AttentionPla
         if plan.prefill:
             _, _, start, pages, _ = plan.prefill[0]
             return kattn.paged_attention(q, view, pages, start, exact=spans[0]).to(q.dtype)
-        return kattn.paged_decode_attention(q, view, plan.decode_pages, plan.decode_lens, exact=ring).to(q.dtype)
+        return kattn.paged_decode_attention(q, view, plan.decode_pages, plan.decode_lens, exact=ring,
+                                            single=plan.decode_single).to(q.dtype)
     alloc = torch.empty if t_all == t else torch.zeros
     out = alloc(t_all, q.shape[1], q.shape[2], dtype=q.dtype, device=q.device)
     for (row, n, start, pages, _), span in zip(plan.prefill, spans):
         out[row:row + n] = kattn.paged_attention(q[row:row + n], view, pages, start, exact=span)
     if plan.decode_rows is not None:
         qd = q.index_select(0, plan.decode_rows)
-        od = kattn.paged_decode_attention(qd, view, plan.decode_pages, plan.decode_lens, exact=ring)
+        od = kattn.paged_decode_attention(qd, view, plan.decode_pages, plan.decode_lens, exact=ring,
+                                          single=plan.decode_single)
         out.index_copy_(0, plan.decode_rows, od.to(q.dtype))
     return out
 

@@ -265,7 +265,8 @@ class Decoder:
                              f"the state store holding its \"kv_window\" buffer")
         x, positions = embed_rows(batch, self.embed, self.batch_invariant)
         cos, sin = self.rotary.tables(positions, max(c - 1 for c in batch.context_lens))
-        ctx = ForwardContext(batch, cos, sin, AttentionPlan.from_batch(batch), gplan, kv, states)
+        aplan = AttentionPlan.from_batch(batch, single=not self.batch_invariant)
+        ctx = ForwardContext(batch, cos, sin, aplan, gplan, kv, states)
         for layer in self.layers:
             x = x + layer.mixer(layer.in_norm(x), ctx)
             x = x + layer.mlp(layer.post_norm(x))

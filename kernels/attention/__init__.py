@@ -145,12 +145,15 @@ def paged_attention(q: torch.Tensor, view: PagedView, page_table: torch.Tensor, 
 
 
 def paged_decode_attention(q: torch.Tensor, view: PagedView, page_table: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float | None = None, exact: ExactRing | None = None) -> torch.Tensor:
+                           scale: float | None = None, exact: ExactRing | None = None,
+                           single: tuple[int, int | None] | None = None) -> torch.Tensor:
     """Batched single-query attention of B sequences; see reference.paged_decode_attention (dense) and
     hq_reference.hq_paged_decode_attention (hq-e8-2b, hq-sim).
 
     q: [B, Hq, d]; view: the layer's PagedView; page_table: LongTensor [B, W] (padded with any valid page);
     context_lens: LongTensor [B], 1 <= context_lens <= W * page_tokens. exact: the batch's ExactRing (hq views).
+    single: B == 1's (context length, first page of a consecutive page run or None) as ints, the dense path's
+    shortcut (reference.paged_decode_attention); the caller vouches that they match page_table and context_lens.
     Returns [B, Hq, d]. Raises ValueError for a view tag without a kernel or inconsistent shapes.
     """
     if page_table.dim() != 2 or page_table.shape[0] != q.shape[0] or context_lens.shape != (q.shape[0],):
@@ -167,4 +170,4 @@ def paged_decode_attention(q: torch.Tensor, view: PagedView, page_table: torch.T
             out = hq_reference.hq_paged_decode_attention(q, view, page_table, context_lens, exact, scale)
         return hq_reference.add_center(out, exact.center_v, view.params["signs"][1])
     k_pages, v_pages = _dense("paged_decode_attention", q, view)
-    return reference.paged_decode_attention(q, k_pages, v_pages, page_table, context_lens, scale)
+    return reference.paged_decode_attention(q, k_pages, v_pages, page_table, context_lens, scale, single)

@@ -87,17 +87,22 @@ def _split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
 
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                            page_table: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float | None = None) -> torch.Tensor:
+                           scale: float | None = None, single: tuple[int, int | None] | None = None) -> torch.Tensor:
     """One new query per sequence for B sequences at once (batched decode).
 
     q: [B, Hq, d] float, the query of sequence b at position context_lens[b] - 1.
     k_pages, v_pages: [P, page_tokens, Hkv, d] storage dtype, holding each sequence's new key/value.
     page_table: LongTensor [B, W]: row b lists sequence b's pages in position order, padded to W with any valid
         page id (masked out). context_lens: LongTensor [B], 1 <= context_lens[b] <= W * page_tokens.
+    single: for B == 1 only, (context length, first page or None) as Python ints, known to the caller without a
+        device sync: the keys are cut to the context length, so no mask is built; with a first page (the page
+        table is the consecutive run first, first+1, ...) the pages are read in place, with no gather copy.
     Returns [B, Hq, d] in q's dtype.
     """
     b, hq, d = q.shape
     hkv = k_pages.shape[2]
+    if single is not None and b == 1:
+        return _single_decode(q, k_pages, v_pages, page_table, *single, scale)
     length = page_table.shape[1] * k_pages.shape[1]
     k = gather_pages(k_pages, page_table).to(q.dtype).transpose(1, 2)     # [B, Hkv, L, d]
     v = gather_pages(v_pages, page_table).to(q.dtype).transpose(1, 2)
@@ -107,3 +112,21 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     qg = q.view(b, hkv, hq // hkv, d)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)   # [B, Hkv, g, d]
     return out.reshape(b, hq, d)
+
+
+def _single_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor,
+                   ctx: int, first: int | None, scale: float | None) -> torch.Tensor:
+    """paged_decode_attention of one sequence of context `ctx` (module docstring of `single`): q [1, Hq, d]."""
+    _, hq, d = q.shape
+    p, pt, hkv, _ = k_pages.shape
+    n = -(-ctx // pt)
+    if first is not None:                                       # a consecutive run: a view of the pool
+        k = k_pages[first:first + n].reshape(n * pt, hkv, d)[:ctx]
+        v = v_pages[first:first + n].reshape(n * pt, hkv, d)[:ctx]
+    else:
+        k = gather_pages(k_pages, page_table[0, :n])[:ctx]
+        v = gather_pages(v_pages, page_table[0, :n])[:ctx]
+    k = k.to(q.dtype).transpose(0, 1).unsqueeze(0)              # [1, Hkv, ctx, d]
+    v = v.to(q.dtype).transpose(0, 1).unsqueeze(0)
+    out = F.scaled_dot_product_attention(q.view(1, hkv, hq // hkv, d), k, v, scale=scale)   # [1, Hkv, g, d]
+    return out.reshape(1, hq, d)

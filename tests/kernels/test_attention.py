@@ -102,6 +102,40 @@ def test_paged_decode_batch_matches_dense(hq, hkv, d, pt, dtype):
         assert rel_err(got[b:b + 1], dense_causal(q[b:b + 1], k, v, c - 1)) < 1e-5, (b, c)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("consecutive", [True, False], ids=["run", "scattered"])
+@pytest.mark.parametrize("ctx", [1, 15, 16, 17, 61])
+def test_single_decode_shortcut_matches_dense(ctx, consecutive, dtype):
+    """The one-sequence shortcut (no mask; pages read in place when they are a consecutive run) against attention
+    over the context's keys stacked by hand."""
+    hq, hkv, d, pt = 6, 2, 16, 16
+    g = torch.Generator().manual_seed(ctx)
+    kp = torch.randn(9, pt, hkv, d, generator=g).to(dtype)
+    vp = torch.randn(9, pt, hkv, d, generator=g).to(dtype)
+    need = -(-ctx // pt)
+    pages = list(range(3, 3 + need)) if consecutive else [8, 2, 5, 0][:need]
+    table = torch.tensor([pages + [pages[0]]])              # one padding page: the shortcut must ignore it
+    q = torch.randn(1, hq, d, generator=g)
+    got = kattn.paged_decode_attention(q, dense(kp, vp), table, torch.tensor([ctx]),
+                                       single=(ctx, pages[0] if consecutive else None))
+    k = torch.stack([kp[pages[p // pt], p % pt] for p in range(ctx)]).float()
+    v = torch.stack([vp[pages[p // pt], p % pt] for p in range(ctx)]).float()
+    assert rel_err(got, dense_causal(q, k, v, ctx - 1)) < 1e-5
+
+
+def test_attention_plan_single_decode_hint():
+    from ignisd.model.attention import AttentionPlan
+    from ignisd.model.batch import ForwardBatch, SeqChunk
+    one = AttentionPlan.from_batch(ForwardBatch.build([SeqChunk([5], 70, [4, 5, 6])], 64))
+    assert one.decode_single == (71, 4)
+    scattered = AttentionPlan.from_batch(ForwardBatch.build([SeqChunk([5], 70, [6, 5])], 64))
+    assert scattered.decode_single == (71, None)
+    two = AttentionPlan.from_batch(ForwardBatch.build([SeqChunk([5], 70, [4, 5]), SeqChunk([5], 3, [9])], 64))
+    assert two.decode_single is None
+    invariant = AttentionPlan.from_batch(ForwardBatch.build([SeqChunk([5], 70, [4, 5, 6])], 64), single=False)
+    assert invariant.decode_single is None
+
+
 def test_gather_pages_layout():
     cache = torch.arange(5 * 4 * 2 * 3, dtype=torch.float32).view(5, 4, 2, 3)
     out = kattn.gather_pages(cache, torch.tensor([[3, 0], [1, 1]]))

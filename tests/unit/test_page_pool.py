@@ -153,3 +153,14 @@ def test_state_slots_follow_sequences():
     cache.check_integrity()
     with pytest.raises(IntegrityError):
         cache.slots.release(0)
+
+
+def test_run_freed_together_comes_back_ascending():
+    pool = PagePool(16, 64)
+    first = pool.alloc(5)
+    assert first == [0, 1, 2, 3, 4]
+    other = pool.alloc(2)
+    pool.release(first)
+    assert pool.alloc(5) == first          # the same consecutive run, in order
+    pool.release(other)
+    assert pool.alloc(2) == other
