@@ -129,8 +129,8 @@ class KVStore:
         dtype, round-to-nearest for bf16).
         """
         kb, vb = self._k[layer], self._v[layer]
-        kb.index_copy_(0, slot_mapping, k.to(kb.dtype))
-        vb.index_copy_(0, slot_mapping, v.to(vb.dtype))
+        kb.index_copy_(0, slot_mapping, k if k.dtype == kb.dtype else k.to(kb.dtype))
+        vb.index_copy_(0, slot_mapping, v if v.dtype == vb.dtype else v.to(vb.dtype))
 
     def write_exact(self, layer: int, k: torch.Tensor, v: torch.Tensor, plan, states) -> tuple[list, object]:
         """A format with an exact window: keep the batch's keys/values exact in their sequences' state slots and

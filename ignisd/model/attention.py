@@ -153,9 +153,11 @@ class Attention:
         t_all = x.shape[0]
         batch, cos, sin = ctx.batch, ctx.cos, ctx.sin
         t = batch.num_tokens
-        qkv = self.qkv(x)[:t]
+        qkv = self.qkv(x)
+        if t != t_all:                                  # padding rows (batch_invariant): no K/V, no attention
+            qkv, cos, sin = qkv[:t], cos[:t], sin[:t]
         qk = qkv[:, :self.q_dim + self.kv_dim].view(t, self.hq + self.hkv, self.d)
-        qk = apply_rope(qk, cos[:t], sin[:t])
+        qk = apply_rope(qk, cos, sin)
         q, k = qk[:, :self.hq], qk[:, self.hq:]
         v = qkv[:, self.q_dim + self.kv_dim:].view(t, self.hkv, self.d)
         out = store_and_attend(q, k, v, ctx, self.kv_layer, t_all)

@@ -182,7 +182,8 @@ def batch_logits(x: torch.Tensor, batch: ForwardBatch, final_norm, lm_head,
 class ForwardContext:
     """What every mixer of one forward reads besides its hidden states; built once per forward by the decoder.
 
-    batch: the ForwardBatch. cos, sin: fp32 [T', 1, rotary_dim] rotary tables of the rows' positions (T' >= T rows,
+    batch: the ForwardBatch. cos, sin: fp32 [T', 1, rotary_dim] rotary tables of the rows' positions (sin signed
+    for rotate-half, layers.Rotary; T' >= T rows,
     padding included). attn: the AttentionPlan. gdn: the GDNPlan, None on a model without GDN layers.
     kv: the KV store (PagedKV protocol). states: the per-slot state store (GDN layers read its "recurrent" and
     "conv" buffers; attention layers its "kv_window" / "kv_sinks" under a format with an exact window), None when

@@ -126,7 +126,8 @@ def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
 
 
 class Rotary:
-    """Precomputed rotary cos/sin tables, fp32 [n_positions, rotary_dim], grown (doubling) on demand.
+    """Precomputed rotary tables, fp32 [n_positions, rotary_dim], grown (doubling) on demand: cos, and sin signed
+    for rotate-half (sin_rot = cat(−sin(f), sin(f)), the sign of rotate_half's first half folded in; apply_rope).
 
     spec: the model (rotary_dim, rope_theta, rope_scaling). initial: positions computed up front
     (min(spec.context_tokens, 8192) by default).
@@ -143,10 +144,13 @@ class Rotary:
         pos = torch.arange(n, device=self.device, dtype=torch.int64).float()
         freqs = pos[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos, self.sin = emb.cos(), emb.sin()
+        sin = emb.sin()
+        sin[:, :freqs.shape[1]].neg_()
+        self.cos, self.sin = emb.cos(), sin
 
     def tables(self, positions: torch.Tensor, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for `positions` (LongTensor [T]), each fp32 [T, 1, rotary_dim] (broadcast over heads).
+        """cos, sin_rot (class docstring) for `positions` (LongTensor [T]), each fp32 [T, 1, rotary_dim] (broadcast
+        over heads).
 
         max_position: the largest value in positions (the caller knows it; avoids a device sync).
         """
@@ -158,14 +162,14 @@ class Rotary:
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half rotary embedding (HF apply_rotary_pos_emb): x * cos + cat(-x2, x1) * sin.
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_rot: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary embedding (HF apply_rotary_pos_emb: x·cos + cat(−x2, x1)·sin) as x·cos + cat(x2, x1)·sin_rot,
+    with sin_rot = cat(−sin1, sin2) from Rotary.tables: the same products (a negation is exact), in 4 operators
+    instead of 8 (the halves swapped by one roll).
 
-    x: [T, H, d]; cos, sin: [T, 1, d]. Returns a new [T, H, d] tensor.
+    x: [T, H, d]; cos, sin_rot: [T, 1, d]. Returns a new [T, H, d] tensor.
     """
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_rot
 
 
 class MLP:

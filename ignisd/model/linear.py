@@ -99,8 +99,13 @@ def pack_int4(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
 
 
 def int4_mm(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
-    """x [T, K] @ the int4 weight's transpose -> [T, N] in sz's dtype (x is cast to it)."""
-    return _INT4_MM(x.to(sz.dtype).contiguous(), packed, GROUP, sz)
+    """x [T, K] @ the int4 weight's transpose -> [T, N] in sz's dtype (x is cast to it). The cast and copy are
+    skipped when x already is in that dtype and contiguous (the decode step calls this 120 times)."""
+    if x.dtype != sz.dtype:
+        x = x.to(sz.dtype)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    return _INT4_MM(x, packed, GROUP, sz)
 
 
 class Int4Linear:

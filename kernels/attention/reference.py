@@ -119,14 +119,17 @@ def _single_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
     """paged_decode_attention of one sequence of context `ctx` (module docstring of `single`): q [1, Hq, d]."""
     _, hq, d = q.shape
     p, pt, hkv, _ = k_pages.shape
-    n = -(-ctx // pt)
     if first is not None:                                       # a consecutive run: a view of the pool
-        k = k_pages[first:first + n].reshape(n * pt, hkv, d)[:ctx]
-        v = v_pages[first:first + n].reshape(n * pt, hkv, d)[:ctx]
+        k = k_pages.view(p * pt, hkv, d)[first * pt:first * pt + ctx]
+        v = v_pages.view(p * pt, hkv, d)[first * pt:first * pt + ctx]
     else:
+        n = -(-ctx // pt)
         k = gather_pages(k_pages, page_table[0, :n])[:ctx]
         v = gather_pages(v_pages, page_table[0, :n])[:ctx]
-    k = k.to(q.dtype).transpose(0, 1).unsqueeze(0)              # [1, Hkv, ctx, d]
-    v = v.to(q.dtype).transpose(0, 1).unsqueeze(0)
-    out = F.scaled_dot_product_attention(q.view(1, hkv, hq // hkv, d), k, v, scale=scale)   # [1, Hkv, g, d]
-    return out.reshape(1, hq, d)
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    # [1, Hkv, g, d] queries against [1, Hkv, ctx, d] keys: the g = Hq/Hkv heads of a kv head are its query rows
+    # (4-D: torch's CPU flash kernel; a 3-D call takes the math path, slower)
+    out = F.scaled_dot_product_attention(q.view(1, hkv, hq // hkv, d), k.transpose(0, 1).unsqueeze(0),
+                                         v.transpose(0, 1).unsqueeze(0), scale=scale)
+    return out.view(1, hq, d)
