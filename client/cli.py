@@ -26,12 +26,16 @@ from .status_view import render_status
 CLEAR = "\x1b[H\x1b[2J"      # cursor home + clear screen (ANSI), before each --watch redraw
 
 
+COMMANDS = ("chat", "status", "metrics", "health", "lint")
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--socket", help="daemon socket (default: $IGNIS_SOCKET, $RUNTIME_DIRECTORY/ignisd.sock, "
                                          "/run/ignis/ignisd.sock, $XDG_RUNTIME_DIR/ignis/ignisd.sock, "
                                          "/tmp/ignis-$UID/ignisd.sock)")
-    common.add_argument("--api-key-file", help="file holding the daemon's API key (default: $IGNIS_API_KEY)")
+    common.add_argument("--api-key-file", help="file holding the daemon's API key (without it, the key itself is "
+                                               "read from $IGNIS_API_KEY)")
     common.add_argument("--timeout", type=float, default=None, help="seconds to wait for each reply")
     p = argparse.ArgumentParser(prog="ignis", description="Client of the ignisd inference daemon.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -137,8 +141,14 @@ def _status(client: Client, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``ignis``; returns the exit status."""
-    args = _parser().parse_args(argv)
+    """Entry point of ``ignis``; returns the exit status (2 for a command line argparse refuses)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        # the options belong to each command: say so, rather than argparse's "arguments are required: cmd"
+        parser.error(f"unknown option {argv[0]!r} before the command; the commands are {', '.join(COMMANDS)} "
+                     f"and their options follow them (ignis chat --help)")
+    args = parser.parse_args(argv)
     try:
         client = Client(args.socket, timeout=args.timeout, api_key=_api_key(args))
     except OSError as e:

@@ -132,7 +132,7 @@ class Scheduler:
             if req.prompt_logprobs is not None:
                 s.prompt_logprobs = [None]
             s.resume = s.computed = adm.resumed
-            s.reuse = self._reuse_info(req, adm.match)
+            s.reuse = self.reuse_info(req, adm.match)
             s.plan = plan_traversals(adm.resumed, req.publish, req.opener, len(req.prompt_ids),
                                      chunk_tokens=self.chunk, page_tokens=self.cache.page_tokens,
                                      split=not self.cache.free_captures)
@@ -144,7 +144,10 @@ class Scheduler:
                     m.reuse_tokens_restored.inc(adm.resumed)
             self.running.append(s)
 
-    def _reuse_info(self, req: Request, match: ReuseMatch | None) -> ReuseInfo:
+    def reuse_info(self, req: Request, match: ReuseMatch | None) -> ReuseInfo:
+        """The reuse report of `req` admitted with `match` (None: no lookup was made, reuse off or prompt logprobs
+        asked): how many tokens resume and from which tier and kind, or why none do. Also what the Playground's
+        reuse probe (reuse_probe.py) shows without admitting anything."""
         if match is None:
             reason = "prompt_logprobs" if (req.prompt_logprobs is not None and req.cache_prompt
                                            and self.cache.reuse_enabled) else "reuse_off"
@@ -173,7 +176,7 @@ class Scheduler:
         """``ignis.reuse`` of a request that ended before admission: reuse_off / prompt_logprobs as at admission,
         short for a prompt of at most one page (like every other short request), else miss."""
         if not (self.cache.reuse_enabled and req.cache_prompt and req.prompt_logprobs is None):
-            return self._reuse_info(req, None)
+            return self.reuse_info(req, None)
         return ReuseInfo(reason="short" if self._is_short(req) else "miss")
 
     def _is_short(self, req: Request) -> bool:

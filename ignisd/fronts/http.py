@@ -113,8 +113,13 @@ class HttpFront:
             return await handler(request)
         except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as e:
             error = anthropic.error if request.path.startswith("/v1/messages") else openai.error
-            status = 404 if isinstance(e, web.HTTPNotFound) else 405
-            return self.refuse(error, status, "not_found", f"no route {request.method} {request.path}", None)
+            if isinstance(e, web.HTTPNotFound):
+                return self.refuse(error, 404, "not_found", f"no route {request.method} {request.path}", None)
+            allowed = ", ".join(sorted(e.allowed_methods))
+            reply = self.refuse(error, 405, "method_not_allowed",
+                                f"{request.method} is not allowed on {request.path}; use {allowed}", None)
+            reply.headers["Allow"] = allowed
+            return reply
 
     def check_auth(self, request: web.Request) -> None:
         """Raise ProtocolError('auth') when a key is configured and the request lacks it."""

@@ -127,6 +127,9 @@ def test_bad_bodies_get_the_socket_codes(http_llama):
     assert (r.status_code, r.json()["error"]["code"]) == (400, "bad_json")
     r = h.get("/v1/nothing/here")
     assert (r.status_code, r.json()["error"]["type"]) == (404, "not_found_error")
+    r = h.get("/v1/chat/completions")
+    assert (r.status_code, r.json()["error"]["code"], r.headers["Allow"]) == (405, "method_not_allowed", "POST")
+    assert r.json()["error"]["message"] == "GET is not allowed on /v1/chat/completions; use POST"
     wait_idle(d)
 
 

@@ -336,3 +336,12 @@ def test_control_plane_imports_without_torch():
             "assert not bad, bad\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_cli_names_an_option_given_before_the_command(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--bogus"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert "unknown option '--bogus' before the command; the commands are chat, status, metrics, health, lint" in err
+    assert cli._parser()._subparsers._group_actions[0].choices.keys() == set(cli.COMMANDS)
