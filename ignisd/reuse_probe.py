@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from ignisd.cache.manager import ReuseMatch
 from ignisd.fronts.ndjson import reuse_object
+from ignisd.reuse_report import reuse_info
 
 
 def probe(edge, op) -> dict:
@@ -31,6 +32,6 @@ def probe(edge, op) -> dict:
     if cache.reuse_enabled and req.cache_prompt:   # as the scheduler's _capturing: lookups only where admission would
         lk = cache.retained.lookup(req.prompt_ids, pin=False, explain=True, floors=cache.tiers.floors)
         match = ReuseMatch.of(lk)
-    info = engine.scheduler.reuse_info(req, match)     # the scheduler's own reason rules, not a twin
+    info = reuse_info(engine.scheduler.cache, req, match)   # the admission's own report rules, not a twin
     reuse = edge.prompts.reuse(info, info.cached_tokens, gen.prompt)
     return {"prompt_tokens": len(req.prompt_ids), "reuse": reuse_object(reuse)}

@@ -23,10 +23,11 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from ignisd.cache.manager import CacheManager, ReuseMatch
+from ignisd.cache.manager import CacheManager
 from ignisd.eviction import BLOCKED, LOST, Evictions
 from ignisd.plan import DECODE, PREFILL, CaptureOp, ItemResult, PlanItem, RoundPlan
-from ignisd.request import DoneEvent, FinishReason, Priority, Request, ReuseInfo, TokenEvent
+from ignisd.request import DoneEvent, FinishReason, Priority, Request, TokenEvent
+from ignisd.reuse_report import is_short, queued_reuse_info, reuse_info
 from ignisd.sequence import AdmissionError, QueueFull, Sequence, SeqState
 from ignisd.traversal import plan_traversals
 
@@ -132,7 +133,7 @@ class Scheduler:
             if req.prompt_logprobs is not None:
                 s.prompt_logprobs = [None]
             s.resume = s.computed = adm.resumed
-            s.reuse = self.reuse_info(req, adm.match)
+            s.reuse = reuse_info(self.cache, req, adm.match)
             s.plan = plan_traversals(adm.resumed, req.publish, req.opener, len(req.prompt_ids),
                                      chunk_tokens=self.chunk, page_tokens=self.cache.page_tokens,
                                      split=not self.cache.free_captures)
@@ -143,46 +144,6 @@ class Scheduler:
                     m.reuse_hits.labels(kind=adm.match.kind, tier=adm.match.tier).inc()
                     m.reuse_tokens_restored.inc(adm.resumed)
             self.running.append(s)
-
-    def reuse_info(self, req: Request, match: ReuseMatch | None) -> ReuseInfo:
-        """The reuse report of `req` admitted with `match` (None: no lookup was made, reuse off or prompt logprobs
-        asked): how many tokens resume and from which tier and kind, or why none do. Also what the Playground's
-        reuse probe (reuse_probe.py) shows without admitting anything."""
-        if match is None:
-            reason = "prompt_logprobs" if (req.prompt_logprobs is not None and req.cache_prompt
-                                           and self.cache.reuse_enabled) else "reuse_off"
-            return ReuseInfo(reason=reason)
-        extra = dict(candidate_tokens=match.candidate_tokens, candidate_kind=match.candidate_kind,
-                     candidate_tier=match.candidate_tier, candidate_common=match.candidate_common)
-        if match.state_id is not None:
-            return ReuseInfo(tier=match.tier, kind=match.kind, cached_tokens=match.tokens, reason=None, **extra)
-        return ReuseInfo(reason=self._miss_reason(req, match.reason), **extra)
-
-    def _miss_reason(self, req: Request, found: str) -> str:
-        """Why a lookup that restored nothing missed (``ignis.reuse.reason``, DESIGN §5), most specific first:
-        stamp_mismatch (only states of another stamp matched); short (``_is_short``); no_slot (a hybrid model with
-        no retained slot at all can keep no image, so nothing is ever retained); the prompt's missing cut
-        (cut_unaligned, below_page); else miss. A miss whose own capture is then refused for want of a slot is
-        re-labelled no_slot when that happens (``_reserve_capture``)."""
-        if found != "miss":
-            return found
-        if self._is_short(req):
-            return "short"
-        if not self.cache.can_keep_images:
-            return "no_slot"
-        return req.cut_reason or "miss"
-
-    def _queued_reuse_info(self, req: Request) -> ReuseInfo:
-        """``ignis.reuse`` of a request that ended before admission: reuse_off / prompt_logprobs as at admission,
-        short for a prompt of at most one page (like every other short request), else miss."""
-        if not (self.cache.reuse_enabled and req.cache_prompt and req.prompt_logprobs is None):
-            return self.reuse_info(req, None)
-        return ReuseInfo(reason="short" if self._is_short(req) else "miss")
-
-    def _is_short(self, req: Request) -> bool:
-        """The prompt has at most one page of tokens: no retained state, at least a page long, can leave a token of
-        it to prefill, and it captures nothing (reason "short")."""
-        return len(req.prompt_ids) <= self.cache.page_tokens
 
     def _pending_capture(self, s: Sequence) -> int:
         """The longest capture point that a running prefill has yet to reach and whose tokens start `s`'s prompt
@@ -353,7 +314,7 @@ class Scheduler:
             self._retain_sequence(s, reason)
             self.running.remove(s)
         elif s.admitted_at is None:    # ended while queued: it never looked anything up
-            s.reuse = self._queued_reuse_info(s.req)
+            s.reuse = queued_reuse_info(self.cache, s.req)
         self.cache.release(s.rid)      # pages, slot, captures of a round that never completed, a restore not run
         s.restore = None
         s.pages, s.slot = [], None
@@ -380,7 +341,7 @@ class Scheduler:
         if not (self.cache.free_captures and self._capturing(s) and reason in (FinishReason.STOP, FinishReason.LENGTH)
                 and s.state is SeqState.DECODE and not (s.evicting or s.evicted or s.recompute)):
             return
-        if s.computed <= len(s.req.prompt_ids) or self._is_short(s.req):
+        if s.computed <= len(s.req.prompt_ids) or is_short(self.cache, s.req):
             return                    # no generated token reached the pages: the prompt's own captures cover it
         tokens = (s.req.prompt_ids + s.output)[:s.computed]
         got = self.cache.retain_sequence(s.rid, tokens, priority=s.req.priority)
