@@ -53,14 +53,18 @@ export class ApiError extends Error {
   }
 }
 
-// fetch() with the key; a 401 asks for the key (again: the stored one was wrong) and retries.
+// fetch() with the key; a 401 asks for the key (again: the stored one was wrong) and retries. A 401 to a request
+// sent with a key that has been replaced meanwhile (the user entered another while it was in flight) just retries
+// with the new one: only the key that was refused is dropped.
 export async function call(path, { method = "GET", body, signal } = {}) {
   for (;;) {
+    const sent = apiKey();
     const init = { method, signal, headers: headers(body !== undefined ? { "Content-Type": "application/json" } : {}) };
     if (body !== undefined) init.body = JSON.stringify(body);
     const resp = await fetch(path, init);
     if (resp.status !== 401) return resp;
     const had = apiKey();
+    if (had && had !== sent) continue;
     sessionStorage.removeItem(KEY_NAME);
     document.getElementById("key-button").hidden = false;
     await askKey(had ? "That key was refused; enter the daemon's key." : "");
