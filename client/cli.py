@@ -176,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except IgnisError as e:
         print(f"ignis: error {e.code}: {e.message}" + (f" (field {e.field})" if e.field else ""), file=sys.stderr)
+        if e.code == "auth":
+            print("ignis: the daemon wants its API key: pass --api-key-file FILE, or set $IGNIS_API_KEY to the key",
+                  file=sys.stderr)
         return 1
     except (ConnectionError, TimeoutError) as e:
         print(f"ignis: connection to {client.socket_path} failed: {e}", file=sys.stderr)

@@ -209,13 +209,14 @@ class Edge:
         self.output_family = output_family
 
     # ---- prepare ----
-    def prepare_chat(self, op, rid: str) -> Generation:
+    def prepare_chat(self, op, rid: str, fits: bool = True) -> Generation:
         """A chat op (ignis_client.protocol.ChatOp or the same fields) as a Generation with engine key `rid`.
-        Raises ProtocolError for request errors."""
+        fits: refuse a prompt that fills the context (context_length); False for the reuse probe, which answers
+        for such a prompt too. Raises ProtocolError for request errors."""
         prompt = self.prompts.chat(op)
         parser = make_output_parser(self.output_family, op.tools,
                                     starts_in_reasoning=prompt_starts_in_reasoning(prompt.text))
-        return self._generation(op, rid, prompt, parser)
+        return self._generation(op, rid, prompt, parser, fits)
 
     def prepare_completion(self, op, rid: str) -> Generation:
         """A completion op as a Generation with engine key `rid`. Raises ProtocolError for request errors."""
@@ -232,10 +233,10 @@ class Edge:
             seed=s.seed, stop_token_ids=frozenset() if s.ignore_eos else frozenset(self.tok.stop_token_ids),
             logprobs=bool(op.logprobs), top_logprobs=op.top_logprobs or 0)
 
-    def _generation(self, op, rid: str, prompt: Prompt, parser) -> Generation:
+    def _generation(self, op, rid: str, prompt: Prompt, parser, fits: bool = True) -> Generation:
         ids, cuts, msgs = prompt.ids, prompt.cuts, prompt.messages or []
-        if len(ids) >= self.context_tokens and op.sampling.max_tokens is None:
-            # the prompt alone fills the context: name the prompt, not a max_tokens the client never sent
+        if fits and len(ids) >= self.context_tokens:
+            # the prompt alone fills the context: name the prompt, not max_tokens (no max_tokens would fit)
             where = "prompt" if op.op == "completion" else "messages"
             raise P.ProtocolError("context_length", f"the prompt is {len(ids)} tokens; the context holds "
                                   f"{self.context_tokens}, which must leave at least one token to generate", where)

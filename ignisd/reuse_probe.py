@@ -10,7 +10,6 @@ sent now would say, unless the kept states change in between. †: imports no to
 """
 from __future__ import annotations
 
-from dataclasses import replace
 
 from ignisd.cache.manager import ReuseMatch
 from ignisd.fronts.ndjson import reuse_object
@@ -20,11 +19,9 @@ from ignisd.reuse_report import reuse_info
 def probe(edge, op) -> dict:
     """``{"prompt_tokens", "reuse"}`` for chat op `op` on `edge` (ignisd.edge.Edge, or the daemon's ModelHost that
     forwards to it): ``reuse`` is the ``ignis.reuse`` wire object the request would get if admitted now.
-    Raises ProtocolError for a body the chat op refuses. A body without max_tokens is probed as if it asked for one
-    token: whether the reply would fit the context is the send's question (context_length then), not reuse's."""
-    if op.sampling.max_tokens is None:
-        op = replace(op, sampling=replace(op.sampling, max_tokens=1))
-    gen = edge.prepare_chat(op, "probe")          # rendered, tokenized and cut; never submitted
+    Raises ProtocolError for a body the chat op refuses, except context_length: whether the prompt and reply fit
+    the context is the send's question, not reuse's, so a prompt that fills it is probed too."""
+    gen = edge.prepare_chat(op, "probe", fits=False)   # rendered, tokenized and cut; never submitted
     req = gen.request
     engine = edge.engine
     cache = engine.cache

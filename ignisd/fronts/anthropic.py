@@ -63,7 +63,6 @@ def _input(arguments: str) -> dict:
 class _Render:
     """Per-request renderer of a Messages reply (see ignisd.fronts.sse)."""
 
-    error = staticmethod(error)
 
     def __init__(self, mid: str, model: str, gen):
         self.mid, self.model, self.gen = mid, model, gen

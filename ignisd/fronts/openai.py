@@ -104,7 +104,6 @@ class _Render:
         self.chunk_object = "chat.completion.chunk" if chat else "text_completion"
         self.text_offset = 0
 
-    error = staticmethod(error)
 
     def _chunk(self, choice: dict | None, **extra) -> bytes:
         obj = {"id": self.cid, "object": self.chunk_object, "created": self.created, "model": self.model,

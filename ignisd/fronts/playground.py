@@ -24,7 +24,7 @@ import re
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from ignisd.fronts.sse import SSE_HEADERS, dumps, new_id, parse_op, read_json, sse_event
+from ignisd.fronts.sse import SSE_HEADERS, HttpError, dumps, new_id, parse_op, read_json, sse_event
 from ignisd.reuse_probe import probe
 
 STATIC = importlib.resources.files("ignisd.fronts") / "static"
@@ -108,10 +108,14 @@ class PlaygroundFront:
 
     async def status_stream(self, request: web.Request) -> web.StreamResponse:
         """GET /ignis/status/stream: the status object with counters as SSE, every ?interval= seconds."""
+        raw = request.query.get("interval", "1")
         try:
-            interval = min(10.0, max(0.2, float(request.query.get("interval", "1"))))
+            interval = float(raw)
         except ValueError:
-            interval = 1.0
+            interval = float("nan")
+        if not 0.2 <= interval <= 10.0:          # also NaN
+            raise HttpError(400, "bad_request", f"interval: {raw!r} is not a number of seconds from 0.2 to 10",
+                            "interval")
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
         try:

@@ -50,7 +50,6 @@ def _status(ev: EdgeDone) -> tuple[str, dict | None]:
 class _Render:
     """Per-request renderer of a Responses reply (see ignisd.fronts.sse)."""
 
-    error = staticmethod(openai.error)
 
     def __init__(self, rid: str, model: str, body: dict):
         self.rid, self.model, self.body = rid, model, body

@@ -4,7 +4,6 @@ events (DESIGN §5, HTTP fronts). Shared by the OpenAI, Anthropic Messages and R
 A front parses its body (``read_json``), maps it onto a chat or completion op and prepares a ``Generation`` with the
 edge, then hands it to ``answer`` together with a *renderer*: a per-request object with the front's wire shapes
 
-* ``error(status, code, message, field) -> web.Response``: the API's error response,
 * ``final(done: EdgeDone) -> dict``: the non-streamed body,
 * ``head() -> bytes``, ``delta(ev: EdgeDelta) -> bytes``, ``done(ev: EdgeDone) -> bytes``,
   ``fail(ev: EdgeError) -> bytes``: the framed SSE bytes of a stream (``sse_event`` / ``sse_data`` frame them).
@@ -13,7 +12,8 @@ edge, then hands it to ``answer`` together with a *renderer*: a per-request obje
 that drops the connection (aiohttp cancels the handler, or a write fails) cancels the request while the run still
 ends normally (the `done` log line and metrics are emitted once, as on the socket). A streamed request waits up to
 ``FIRST_EVENT_WAIT_S`` for its first event before the response starts, so that an engine refusal (context_length,
-busy) gets its HTTP status; one that comes later is written into the stream in the API's error shape. †: imports no
+busy) gets its HTTP status (raised as HttpError, which the route's guard answers in the API's error shape, logged and
+counted as every refusal is); one that comes later is written into the stream in the API's error shape. †: imports no
 torch.
 """
 from __future__ import annotations
@@ -142,8 +142,8 @@ async def answer(request: web.Request, edge: Edge, gen: Generation, r) -> web.St
     try:
         if not gen.stream:
             ev = await run.next()
-            if isinstance(ev, EdgeError):
-                return r.error(STATUS.get(ev.code, 500), ev.code, ev.message, ev.field)
+            if isinstance(ev, EdgeError):        # refused by the edge: HttpFront logs and counts it (refuse)
+                raise HttpError(STATUS.get(ev.code, 500), ev.code, ev.message, ev.field)
             return web.Response(body=dumps(r.final(ev)), content_type="application/json")
         if not run.started.is_set():
             try:
@@ -154,7 +154,7 @@ async def answer(request: web.Request, edge: Edge, gen: Generation, r) -> web.St
         first = run.first
         if isinstance(first, EdgeError):
             await run.next()
-            return r.error(STATUS.get(first.code, 500), first.code, first.message, first.field)
+            raise HttpError(STATUS.get(first.code, 500), first.code, first.message, first.field)
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
         await resp.write(r.head())

@@ -37,6 +37,9 @@ def _chat(rid, content="Hello there", **kw):
     (b'{"id": "x", "op": "completion", "prompt": [' + b", ".join([b"5"] * 1024) + b']}', "context_length", "prompt"),
     (b'{"id": "x", "op": "chat", "messages": [{"role": "user", "content": "' + b"river " * 1100 + b'"}]}',
      "context_length", "messages"),
+    # ... and with a max_tokens sent too: lowering it cannot help, so the prompt is still the field named
+    (b'{"id": "x", "op": "chat", "messages": [{"role": "user", "content": "' + b"river " * 1100 + b'"}], '
+     b'"max_tokens": 8}', "context_length", "messages"),
     (b'{"id": "x", "op": "completion", "prompt": [1, 2, 99999999]}', "bad_request", "prompt[2]"),
     (b'{"id": "x", "op": "completion", "prompt": "hi", "prompt_logprobs": 50}', "bad_request", "prompt_logprobs"),
     (b'{"id": "x", "op": "chat", "messages": [{"role": "user", "content": [{"type": "text", "text": "what?"}, '

@@ -133,6 +133,27 @@ def test_bad_bodies_get_the_socket_codes(http_llama):
     wait_idle(d)
 
 
+def _errors_counted(h, code: str) -> float:
+    for line in h.get("/metrics").text.splitlines():
+        if line.startswith(f'ignis_errors_total{{code="{code}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_an_engine_refusal_is_logged_and_counted_like_the_sockets(http_llama, stream):
+    """A request the engine refuses (context_length) before its answer starts: the HTTP status, one more
+    ignis_errors_total{code} (the metric the socket's refusals move) and an error_reply log line."""
+    d = http_llama
+    h = http(http_addr(d))
+    before = _errors_counted(h, "context_length")
+    r = h.post("/v1/chat/completions", json={"messages": [USER1], "max_tokens": 10_000_000, "stream": stream})
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "context_length")
+    assert _errors_counted(h, "context_length") == before + 1
+    assert "error_reply http=400 code=context_length" in d.log()
+    wait_idle(d)
+
+
 def test_wrong_key_is_401(http_llama_keyed):
     addr = http_addr(http_llama_keyed)
     msgs = [{"role": "user", "content": "hi"}]

@@ -59,3 +59,16 @@ def test_a_body_that_fills_the_context_is_still_probed(http_qwen):
     sent = c.post("/v1/chat/completions", json=body)
     assert sent.status_code == 400 and sent.json()["error"]["param"] == "messages"
     wait_idle(http_qwen)
+
+
+def test_status_stream_refuses_an_interval_out_of_range(http_qwen):
+    c = http(http_addr(http_qwen))
+    for raw in ("50", "0.1", "abc", "nan"):
+        r = c.get(f"/ignis/status/stream?interval={raw}")
+        assert r.status_code == 400, (raw, r.text)
+        err = r.json()["error"]
+        assert (err["code"], err["param"]) == ("bad_request", "interval")
+        assert err["message"] == f"interval: {raw!r} is not a number of seconds from 0.2 to 10"
+    with c.stream("GET", "/ignis/status/stream?interval=0.2") as r:   # in range: the stream starts
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        assert next(r.iter_lines()).startswith("event: status")

@@ -28,7 +28,8 @@ def done(rid, text, finish="stop"):
 
 
 class FakeDaemon:
-    """NDJSON peer. chat behaviour by the last message's content: "fail" → error reply; "slow" → answers after
+    """NDJSON peer. chat behaviour by the last message's content: "fail" → error reply; "auth" → an auth error;
+    "slow" → answers after
     0.3 s; "garble" → an error with id null; "forever" → deltas until cancelled; else "Hel" + "lo"."""
 
     def __init__(self, path: str):
@@ -91,6 +92,10 @@ class FakeDaemon:
             if what == "fail":
                 send({"id": rid, "type": "error", "error": {"code": "bad_request", "message": "messages[0].role: no",
                                                             "field": "messages[0].role"}})
+                return
+            if what == "auth":
+                send({"id": rid, "type": "error", "error": {"code": "auth", "message": "missing or wrong api_key",
+                                                            "field": "api_key"}})
                 return
             if what == "garble":
                 send({"id": None, "type": "error", "error": {"code": "bad_json", "message": "invalid JSON",
@@ -345,3 +350,10 @@ def test_cli_names_an_option_given_before_the_command(capsys):
     assert e.value.code == 2
     assert "unknown option '--bogus' before the command; the commands are chat, status, metrics, health, lint" in err
     assert cli._parser()._subparsers._group_actions[0].choices.keys() == set(cli.COMMANDS)
+
+
+def test_cli_auth_error_says_how_to_give_the_key(daemon, capsys):
+    assert cli.main(["chat", "auth", "--socket", daemon.path]) == 1
+    err = capsys.readouterr().err
+    assert err == ("ignis: error auth: missing or wrong api_key (field api_key)\n"
+                   "ignis: the daemon wants its API key: pass --api-key-file FILE, or set $IGNIS_API_KEY to the key\n")
