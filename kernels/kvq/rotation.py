@@ -59,18 +59,22 @@ def _check_dim(d: int) -> None:
 
 def fwht(x: torch.Tensor) -> torch.Tensor:
     """Unnormalised Sylvester Walsh–Hadamard transform over the last dim (a power of two): H_d · x.
-    x: [..., d] float. Returns a new tensor of x's shape and dtype."""
+    x: [..., d] float. Returns a new tensor of x's shape and dtype. Each stage writes its sums and differences
+    straight into the other of two buffers (two ops a stage; no stack)."""
     d = x.shape[-1]
     _check_dim(d)
     lead = x.shape[:-1]
-    y = x.reshape(-1, d)
-    h = 1
+    src = x.reshape(-1, d)
+    bufs = [torch.empty_like(src), torch.empty_like(src) if d > 2 else None]
+    h, i = 1, 0
     while h < d:
-        y = y.view(-1, d // (2 * h), 2, h)
+        dst = bufs[i]
+        y, o = src.view(-1, d // (2 * h), 2, h), dst.view(-1, d // (2 * h), 2, h)
         a, b = y[:, :, 0], y[:, :, 1]
-        y = torch.stack((a + b, a - b), dim=2)
-        h *= 2
-    return y.reshape(*lead, d)
+        torch.add(a, b, out=o[:, :, 0])
+        torch.sub(a, b, out=o[:, :, 1])
+        src, i, h = dst, 1 - i, h * 2
+    return src.view(*lead, d)
 
 
 def rotate(x: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
