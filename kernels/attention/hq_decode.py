@@ -13,11 +13,13 @@ its codeword decode writes:
   int16 code + 32768, cache-resident); the ¼ goes into the per-token scales;
 - the codes are put in (kind, row, KV head, token) order before the gather, so the decoded keys and values come out
   as the [rows·Hkv, tokens, d] matrices the batched matmuls read, with no copy after;
-- one sequence (B = 1) whose pages are a consecutive run (the dispatcher's `single` hint) reads them as a slice of
-  the pool, with no page gather, and masks its ring and sinks by slicing at Python-int positions; several sequences
-  gather their pages and mask per row;
-- the variance correction is one rank-1 baddbmm; the compressed pages are read DECODE_BLOCK_PAGES at a time (one
-  plain softmax for a context of one block, an online softmax across blocks beyond).
+- one sequence (B = 1, the single-lane case) whose pages are a consecutive run (the dispatcher's `single` hint)
+  reads them as a slice of the pool, with no page gather, and masks its ring and sinks by slicing at Python-int
+  positions; several sequences gather their pages and mask per row;
+- τ is folded into the rotated query once; the parts (compressed blocks, ring, sinks) share one softmax up to
+  DECODE_BLOCK_PAGES pages, an online softmax across blocks beyond. (One flash-attention call over a [Hkv, tokens,
+  d + 1] copy of every key read, the variance correction as the extra dimension, measured slower here: the copy
+  costs more than the small matmuls it saves.)
 """
 from __future__ import annotations
 
@@ -30,10 +32,7 @@ from ignis_kernels.attention.hq_reference import _Online, rotate_queries, unrota
 from ignis_kernels.kvq.codebook import decode_table
 
 DECODE_BLOCK_PAGES = 64
-"""Compressed pages decoded per step of the blockwise path (4,096 tokens at 64 a page)."""
-FUSED_MAX_PAGES = 128
-"""A lone row with at most this many encoded pages (8K tokens at 64 a page) takes the fused path: its whole context
-in one [Hkv, tokens, d + 1] key and value matrix and one flash-attention call."""
+"""Compressed pages decoded per step (4,096 tokens at 64 a page: one step, one plain softmax, up to a 4K context)."""
 
 
 @lru_cache(maxsize=None)
@@ -46,15 +45,12 @@ def word_table(device: str) -> torch.Tensor:
     return (tab[rows] * 4).round().to(torch.int8).contiguous().view(torch.int64).reshape(-1)
 
 
-_OFFSET = torch.tensor([32768], dtype=torch.int32)
-"""The int16 code -> word_table row offset, as a 1-D int32 tensor (so an add with int16 codes computes in int32)."""
-
-
 def words(codes: torch.Tensor) -> torch.Tensor:
     """4·c of codes int16 [..., d/8] (any strides) as int8 [..., d], contiguous in the codes' logical order: the
-    codes + 32768 into an int32 index (one op), one gather of 8-byte words."""
+    codes + 32768 into an int32 index, one gather of 8-byte words."""
     idx = torch.empty(codes.shape, dtype=torch.int32, device=codes.device)
-    torch.add(codes, _OFFSET.to(codes.device), out=idx)
+    idx.copy_(codes)                                   # (an int16 + int32 add into an int32 out is a scalar loop)
+    idx += 32768
     w = word_table(str(codes.device)).index_select(0, idx.view(-1))
     return w.view(torch.int8).view(*codes.shape[:-1], codes.shape[-1] * 8)
 
@@ -115,16 +111,12 @@ def hq_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, context
     tau = 1.0 / math.sqrt(d) if scale is None else scale
     wp, pt = exact.window_pages, view.page_tokens
     n_s, ring = exact.sink_k.shape[1], exact.k.shape[1]
-    qt = rotate_queries(q, signs[0])                                      # [B, Hkv, g, d]
-    qn2 = q.float().reshape(bsz, hkv, g, d).pow(2).sum(-1)                # [B, Hkv, g]
-    if bsz == 1:
-        ctx, run = single if single is not None else (int(context_lens[0]), None)
-        if max(0, (ctx - 1) // pt - wp) <= FUSED_MAX_PAGES:
-            return _one_row_fused(qt, qn2, view, page_table, run, ctx, exact, tau)
-    qs, cq = qt.mul_(tau), qn2.mul_(0.5 * tau * tau / d)
+    qs = rotate_queries(q, signs[0]).mul_(tau)                            # [B, Hkv, g, d]
+    cq = q.float().reshape(bsz, hkv, g, d).pow(2).sum(-1).mul_(0.5 * tau * tau / d)    # [B, Hkv, g]
     zr, fr = _exact_part(qs, exact.k, exact.v)                            # ring [B, Hkv, g, R]
     zs, fs = _exact_part(qs, exact.sink_k, exact.sink_v) if n_s else (None, None)
     if bsz == 1:
+        ctx, run = single if single is not None else (int(context_lens[0]), None)
         pos = ctx - 1
         n_enc = max(0, pos // pt - wp)
         lo = max(n_enc * pt, n_s)                                         # ring positions read: [lo, ctx)
@@ -192,41 +184,3 @@ def _blocks_many(qs, cq, view, page_table, context_lens, exact, zr, zs, n_s: int
         out.append((z.masked_fill_(~keep[:, None, None, :], -math.inf), fn))
     return out
 
-
-def _one_row_fused(qt, qn2, view, page_table, run, ctx: int, exact, tau: float) -> torch.Tensor:
-    """B = 1: every key the row reads — compressed positions [S, n_enc·pt), the ring's positions [lo, ctx), the
-    sinks — written once into K [Hkv, m, d + 1] and V [Hkv, m, d + 1] (no mask: what is not read is not there), and
-    one torch flash-attention call with the variance correction as the extra dimension (as hq_reference's
-    _flash_common): τ·[q̃, −½τ‖q‖²/d]·[ŝc, resid²] for a compressed key, τ·[q̃, ·]·[u, 0] for an exact one; values
-    [ŝc or u, 0]. qt: q̃ [1, Hkv, g, d]; qn2: ‖q‖² [1, Hkv, g]."""
-    hkv, d, dev = qt.shape[1], qt.shape[3], qt.device
-    wp, pt, ring = exact.window_pages, view.page_tokens, exact.k.shape[1]
-    n_s = exact.sink_k.shape[1]
-    n_enc = max(0, (ctx - 1) // pt - wp)
-    c0, c1 = min(n_s, n_enc * pt), n_enc * pt                             # compressed positions read
-    lo = max(c1, n_s)                                                     # ring positions read: [lo, ctx)
-    a, n_r, n_k = lo % ring, max(0, ctx - lo), min(n_s, ctx)
-    runs = [(a, min(ring, a + n_r)), (0, max(0, a + n_r - ring))]
-    m = c1 - c0
-    kk = torch.empty(hkv, m + n_r + n_k, d + 1, device=dev)
-    vv = torch.empty(hkv, m + n_r + n_k, d + 1, device=dev)
-    if m:
-        codes, scale, resid = _fields(view, page_table[:, :n_enc], run, n_enc, 1)
-        w = words(codes[0, c0:].permute(1, 2, 0, 3))                      # int8 [2, Hkv, m, d] = 4c
-        s4 = (scale[0, c0:].permute(1, 2, 0) * 0.25).unsqueeze(-1)        # [2, Hkv, m, 1]: ŝ/4
-        kk[:, :m, :d].copy_(w[0]).mul_(s4[0])                             # (a mixed int8 × float mul is scalar)
-        vv[:, :m, :d].copy_(w[1]).mul_(s4[1])
-        r = resid[0, c0:, 0].t().float()                                  # [Hkv, m]
-        torch.mul(r, r, out=kk[:, :m, d])
-    at = m
-    for src_k, src_v, spans in ((exact.k[0], exact.v[0], runs), (exact.sink_k[0], exact.sink_v[0], [(0, n_k)])):
-        for s0, s1 in spans:
-            if s1 > s0:
-                kk[:, at:at + s1 - s0, :d].copy_(src_k[s0:s1].transpose(0, 1))
-                vv[:, at:at + s1 - s0, :d].copy_(src_v[s0:s1].transpose(0, 1))
-                at += s1 - s0
-    kk[:, m:, d] = 0.0
-    vv[..., d] = 0.0
-    qq = torch.cat((qt[0], qn2[0].unsqueeze(-1) * (-0.5 * tau / d)), -1)          # [Hkv, g, d + 1]
-    o = torch.nn.functional.scaled_dot_product_attention(qq[None], kk[None], vv[None], scale=tau)
-    return unrotate_output(o[..., :d], view.params["signs"][1])

@@ -109,12 +109,10 @@ def test_dispatcher_checks_the_exact_part():
 
 @pytest.mark.parametrize("blocks", [1, 2])
 def test_small_page_blocks_match_the_oracle(monkeypatch, blocks):
-    """The online softmax across several compressed blocks (prefill and decode, a lone decode row's blockwise path
-    included), against the same oracle."""
+    """The online softmax across several compressed blocks (prefill and decode), against the same oracle."""
     from ignis_kernels.attention import hq_decode, hq_reference
     monkeypatch.setattr(hq_reference, "BLOCK_PAGES", blocks)
     monkeypatch.setattr(hq_decode, "DECODE_BLOCK_PAGES", blocks)
-    monkeypatch.setattr(hq_decode, "FUSED_MAX_PAGES", 0)        # a lone row past its first page: blockwise too
     test_prefill_and_decode_match_the_oracle(6, 2, 16, 8, 2, [13, 1, 1, 20, 1, 7, 1, 1, 1])
     test_batched_decode_of_three_sequences()
     test_one_sequence_on_a_page_run_reads_the_pool_in_place(3)
