@@ -86,7 +86,7 @@ def _compressed(qs, cq, codes, scale, resid):
     vf, sv = x[1].view(bsz * hkv, m, d), s4[1].unsqueeze(2)
 
     def values(p):
-        return torch.bmm((p * sv).view(bsz * hkv, g, m), vf).view(bsz, hkv, g, d)
+        return torch.bmm((p * sv).reshape(bsz * hkv, g, m), vf).view(bsz, hkv, g, d)
     return z, values
 
 
@@ -129,7 +129,7 @@ def hq_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, context
             zs[..., pos + 1:] = -math.inf
         blocks = _blocks_one(qs, cq, view, page_table, run, n_enc, n_s, pt)
     else:
-        blocks = _blocks_many(qs, cq, view, page_table, context_lens, exact, zr, zs, n_s, wp, pt, ring)
+        blocks = _blocks_many(qs, cq, view, page_table, context_lens, zr, zs, n_s, wp, pt, ring)
     last = [(zr, fr)] + ([(zs, fs)] if zs is not None else [])
     if len(blocks) <= 1:                                                  # one plain softmax over every part
         parts = blocks + last
@@ -159,7 +159,7 @@ def _blocks_one(qs, cq, view, page_table, run, n_enc: int, n_s: int, pt: int) ->
     return out
 
 
-def _blocks_many(qs, cq, view, page_table, context_lens, exact, zr, zs, n_s: int, wp: int, pt: int,
+def _blocks_many(qs, cq, view, page_table, context_lens, zr, zs, n_s: int, wp: int, pt: int,
                  ring: int) -> list:
     """B > 1 rows: mask the ring zr and sinks zs per row (in place) and return the compressed parts, each block's
     positions outside [n_s, window start of the row) masked."""
