@@ -3,6 +3,7 @@
     python tools/bench_kvformat.py --sizes 1024,2048                  # quality: KL / top-1 vs the fp32 cache
     python tools/bench_kvformat.py --sizes 4096,8192 --variants hq-e8-2b --policies 128:4
     python tools/bench_kvformat.py --passkey 4096,8192 --trials 20    # passkey retrieval, hq-e8-2b vs fp32
+    python tools/bench_kvformat.py --passkey 8192 --passkey-depths 0.1 --passkey-formats hq-e8-2b --passkey-trials 0:10
     python tools/bench_kvformat.py --cost --cost-contexts 1024,4096   # capacity, codec MB/s, daemon tok/s
     python tools/bench_kvformat.py --hybrid                           # the same KL on the tiny random Qwen3.5
 
@@ -64,18 +65,23 @@ def quality(lm, tk, sizes, variants, policies, chunk):
                       f"{r['top1']:>6.3f}  {b}  ({time.time() - t0:.0f} s)", flush=True)
 
 
-def passkey(lm, tk, sizes, trials, policy, depths=(0.1, 0.5, 0.9), formats=("fp32", "hq-e8-2b")):
+def passkey(lm, tk, sizes, trials, policy, depths=(0.1, 0.5, 0.9), formats=("fp32", "hq-e8-2b"),
+            part: tuple[int, int] | None = None):
     """Passkey counts per (n, depth) for each format (tools/kvformat_passkey.py: shared prefix prefilled once and
-    forked per trial, retrieval scored by teacher forcing the answer)."""
+    forked per trial, retrieval scored by teacher forcing the answer). part: (lo, hi) runs only trials [lo, hi) of
+    the `trials` fixed keys (a slice of a long run; the slices' counts add up)."""
     w, s = (int(x) for x in policy.split(":"))
     print(f"## passkey retrieval (5-digit key at 10/50/90 % depth, teacher-forced greedy answer), W:S {policy}")
     keys = trial_keys(trials)
+    lo, hi = part or (0, trials)
+    keys = keys[lo:hi]
     for n in sizes:
         for depth in depths:
             t0 = time.time()
             hits = {f: passkey_counts(lm.model, lm.spec, tk, f, n, depth, keys, w, s) for f in formats}
-            print(f"{n:>5} tokens depth {depth:.0%}: " + "  ".join(f"{f} {h}/{trials}" for f, h in hits.items()) +
-                  f"  ({time.time() - t0:.0f} s)", flush=True)
+            print(f"{n:>5} tokens depth {depth:.0%} trials [{lo},{hi}): " +
+                  "  ".join(f"{f} {h}/{len(keys)}" for f, h in hits.items()) + f"  ({time.time() - t0:.0f} s)",
+                  flush=True)
 
 
 def _codec_rates():
@@ -150,6 +156,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--passkey-policy", default="128:1")
     ap.add_argument("--passkey-depths", default="0.1,0.5,0.9", help="needle depths, fractions of the filler")
+    ap.add_argument("--passkey-formats", default="fp32,hq-e8-2b")
+    ap.add_argument("--passkey-trials", default="", help="lo:hi, a slice of the --trials keys (long runs in parts)")
     ap.add_argument("--cost", action="store_true")
     ap.add_argument("--cost-contexts", default="1024,4096")
     ap.add_argument("--hybrid", action="store_true")
@@ -162,7 +170,9 @@ def main() -> None:
     if a.sizes:
         quality(lm, tk, ints(a.sizes), a.variants.split(","), a.policies.split(","), a.chunk)
     if a.passkey:
-        passkey(lm, tk, ints(a.passkey), a.trials, a.passkey_policy, [float(x) for x in a.passkey_depths.split(",")])
+        part = tuple(int(x) for x in a.passkey_trials.split(":")) if a.passkey_trials else None
+        passkey(lm, tk, ints(a.passkey), a.trials, a.passkey_policy, [float(x) for x in a.passkey_depths.split(",")],
+                a.passkey_formats.split(","), part)
     if a.cost:
         cost(lm, tk, ints(a.cost_contexts))
     if a.hybrid:

@@ -8,9 +8,9 @@ Cost: the text before the needle is the same in every trial of a (format, n, dep
 each trial forks it: the prompt's pages are reused in place (a trial only writes positions after the fork, and
 attention never reads a position past its own, so the previous trial's later pages are never read) and the state
 slot (hq-e8-2b's exact window and sinks) is restored from its image at the fork. A trial then prefills only the
-needle, the rest of the filler and the question (logits of the last token), plus the answer tokens but the last
-(logits of each). The window rule is positional, so every key is read exactly as in one fresh prefill of the whole
-prompt (up to the float rounding of other chunk boundaries).
+needle, the rest of the filler and the question (in chunks of CHUNK tokens, logits of the last token), plus the
+answer tokens but the last (logits of each). The window rule is positional, so every key is read exactly as in one
+fresh prefill of the whole prompt (up to the float rounding of other chunk boundaries).
 """
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ HEAD = ("There is an important pass key hidden inside a lot of irrelevant text. 
 QUESTION = "\nWhat is the pass key? The pass key is"
 
 
+CHUNK = 512
+"""Prefill chunk (tokens) of the prefix and of each trial's suffix: as the daemon prefills, and what keeps an
+hq-e8-2b chunk's masked compressed block (its own pages that leave the window) small."""
+
+
 def _forward(model, kv, st, ids: list[int], start: int, logits: str) -> torch.Tensor:
     """Prefill ids at positions start.. in one chunk (slot 0 when st) -> the forward's logits."""
     pages = list(range(kv.num_pages))
@@ -34,7 +39,7 @@ def _forward(model, kv, st, ids: list[int], start: int, logits: str) -> torch.Te
     return model.forward(batch, kv, st)
 
 
-def _prefill(model, kv, st, ids: list[int], chunk: int = 512) -> None:
+def _prefill(model, kv, st, ids: list[int], chunk: int = CHUNK) -> None:
     """Prefill ids from position 0 in chunks of `chunk`, no logits."""
     if st is not None:
         st.zero(0)
@@ -83,7 +88,10 @@ def trial_logits(model, fork, lay: Layout, key: int) -> tuple[torch.Tensor, list
         st.restore(0, image)
     suffix, answer = lay.trial(key)
     pos = len(lay.prefix)
-    first = _forward(model, kv, st, suffix, pos, "last")[-1:]
+    cut = (len(suffix) - 1) // CHUNK * CHUNK                 # chunks of CHUNK, the last one (with the question) apart
+    for s in range(0, cut, CHUNK):
+        _forward(model, kv, st, suffix[s:s + CHUNK], pos + s, "none")
+    first = _forward(model, kv, st, suffix[cut:], pos + cut, "last")[-1:]
     rest = _forward(model, kv, st, answer[:-1], pos + len(suffix), "all")
     return torch.cat((first, rest)), answer
 

@@ -100,7 +100,7 @@ class DiskStates:
         moves, budget = [], t.disk_capacity - t.disk_used - t.disk_foreign
         for s in sorted((x for x in r.states() if x.tier != DISK and not x.doomed),
                         key=lambda x: r.rank(x), reverse=True):
-            with_image = s.slot is not None
+            with_image = s.slot is not None or s.placement.image_in_extent
             if with_image != (t.image_bytes > 0):
                 continue
             need = t.state_bytes(len(s.pages) if s.tier == DEVICE else r.state_pages(s.n_tokens),
@@ -108,7 +108,7 @@ class DiskStates:
             if need > budget:
                 continue
             budget -= need
-            image = (s.slot_tier, s.slot) if with_image else None
+            image = (s.slot_tier, s.slot) if s.slot is not None else None     # else none or in the extent
             if s.tier == DEVICE:
                 moves.append(TierMove("to_bytes", s.id, pages=tuple(s.pages), image_slot=image))
             else:

@@ -272,7 +272,7 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
         if plan.decode_slots is None:
             raise ValueError("hq-e8-2b: decode rows without state slots (the exact window lives in the slot)")
         rows, slots, pos = plan.decode_rows, plan.decode_slots, plan.decode_lens - 1
-        ud = u.index_select(0, rows)
+        ud = u if not plan.prefill else u.index_select(0, rows)              # all decode: rows are 0 .. B-1
         cv = None
         if center is not None:
             fix = (pos == (wp + 1) * pt).nonzero()[:, 0]                      # page 0 leaves the window now

@@ -209,7 +209,7 @@ class CacheManager(DiskStates, LiveEviction):
         own = tuple(pages[:self.retained.state_pages(resumed)])
         if p.tier == RAM:
             return RestoreOp(seq_id, state.id, None, None, p.slot_tier, p.slot, slot, tier=RAM, dst_pages=own,
-                             src_offset=p.extents[0][0])
+                             src_offset=p.extents[0][0], image_after_pages=p.image_in_extent)
         self._loads.discard(state.id)
         return RestoreOp(seq_id, state.id, None, None, None, None, slot, tier=DISK, dst_pages=own,
                          payload=p.payload, image_after_pages=self.tiers.image_bytes > 0)

@@ -21,11 +21,13 @@ class Placement:
     reference on each). extents: [(offset, bytes)] in the KV-RAM arena (tier "ram"). disk_file: the key (file name
     stem) of its KV-disk file (tier "disk"). disk_bytes: that file's size (reserved before it is written). slot_tier
     / slot: the retained image slot ("device" | "host", id), or None when the state has no image in a slot (an
-    all-attention model, or a state whose image travels with its bytes: on KV-disk, or an evicted live sequence).
-    payload: the state's bytes in memory (pages layout, then the image) while its KV-disk file is being written or
-    after it was read back for a restore. in_flight: its bytes are being copied out (the round that produces them
-    has not run, or the file is not written yet): it can be restored from ``payload`` once that is set, but not
-    moved again. Raises ValueError for an unknown tier or slot tier.
+    all-attention model, or a state whose image travels with its bytes: on KV-disk, in its KV-RAM extent, or an
+    evicted live sequence). image_in_extent: tier "ram" only: its image lies in its extent after the pages (a
+    retained state that gave up its slot on the way down, cache/tiers.py). payload: the state's bytes in memory
+    (pages layout, then the image) while its KV-disk file is being written or after it was read back for a
+    restore. in_flight: its bytes are being copied out (the round that produces them has not run, or the file is
+    not written yet): it can be restored from ``payload`` once that is set, but not moved again. Raises ValueError
+    for an unknown tier or slot tier.
     """
 
     tier: str = DEVICE
@@ -37,6 +39,7 @@ class Placement:
     slot: int | None = None
     payload: bytes | None = None
     in_flight: bool = False
+    image_in_extent: bool = False
 
     def __post_init__(self) -> None:
         if self.tier not in TIERS:

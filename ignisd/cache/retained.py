@@ -345,6 +345,7 @@ class RetainedStore:
                          placement.disk_bytes)
         placement.pages, placement.extents, placement.disk_file, placement.disk_bytes = [], [], None, 0
         placement.slot_tier, placement.slot, placement.payload = None, None, None
+        placement.image_in_extent = False
         if self.on_free is not None and not held.holds_nothing:
             self.on_free(held)
 
@@ -401,7 +402,7 @@ class RetainedStore:
         for s in self._states.values():
             if s.pins < 0 or (s.doomed and not s.pins):
                 raise IntegrityError(f"retained state {s.id}: pins {s.pins}, doomed {s.doomed}")
-            if self.needs_slot and s.slot is None and s.tier != DISK:
+            if self.needs_slot and s.slot is None and s.tier != DISK and not s.placement.image_in_extent:
                 raise IntegrityError(f"retained state {s.id} in {s.tier} holds no image slot on a hybrid model")
             if s.tier == DISK and s.slot is not None:
                 raise IntegrityError(f"retained state {s.id} on KV-disk still holds an image slot")

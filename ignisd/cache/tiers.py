@@ -6,7 +6,9 @@ room is needed and planned as a TierMove that the next round's transfer step run
 slots it frees can be handed to others in the same plan. On the device a retained state never delays or refuses an
 admission (it is moved or dropped at once); in KV-RAM, retained state goes before evicted live sequences; the
 lowest rank goes first (superseded checkpoints, then agent, then least recently used), so a conversation's newest
-checkpoint is the last of it to go. The owner (the cache manager) calls `make_device_room` and `move_down`.
+checkpoint is the last of it to go. The owner (the cache manager) calls `make_device_room` (page pressure: the
+state's pages go to KV-RAM, its image stays in its retained slot) and `move_down` (slot pressure: a device state's
+pages and image go to KV-RAM in one extent, the slot is given back; a KV-RAM state goes to KV-disk).
 
 Restore floors: a lower tier's match must reuse at least floor more prompt tokens than the best match above it. The
 default floor of a tier is the prefill a restore from it costs, in tokens: ceil(prefill_tok_s × (latency_s +
@@ -110,8 +112,13 @@ class Tiers:
         return done
 
     def move_down(self, mgr, s) -> bool:
-        """Move `s` (unpinned) one tier down and free its image slot (the store asks when it needs a slot): to
-        KV-disk, where the image travels with the pages. Whether it moved (False: drop it)."""
+        """Move `s` (unpinned, holding a retained slot) one tier down and free its slot (the store asks when it
+        needs a slot): from the device into KV-RAM, its image appended to its pages in one extent, when the arena
+        can take it (lower-ranked KV-RAM states make room); otherwise, or from KV-RAM, to KV-disk, where the image
+        travels with the pages. Whether it moved (False: drop it). A state that is mostly image (hq-e8-2b's exact
+        window: a few encoded pages) goes down by slot pressure, not page pressure, and so still passes KV-RAM."""
+        if s.tier == DEVICE and s.slot is not None and self._to_ram(mgr, s, with_image=True):
+            return True
         return self._to_disk(mgr, s)
 
     def _arena_room(self, mgr, nbytes: int, below: tuple | None = None) -> bool:
@@ -128,18 +135,25 @@ class Tiers:
                 self.counts["dropped"] += 1
         return True
 
-    def _to_ram(self, mgr, s) -> bool:
-        if self.arena is None or self.arena.rounded(self.state_bytes(len(s.pages), False)) > self.arena.total_bytes:
+    def _to_ram(self, mgr, s, with_image: bool = False) -> bool:
+        """Plan the device pages of `s` into one KV-RAM extent (with_image: its retained slot's image after them,
+        and the slot given back); free its pages at once. Whether it moved (False: no arena, or no room there
+        without pushing out a higher-ranked state)."""
+        nbytes = self.state_bytes(len(s.pages), with_image)
+        if self.arena is None or self.arena.rounded(nbytes) > self.arena.total_bytes:
             return False
-        nbytes = self.state_bytes(len(s.pages), False)
         if not self._arena_room(mgr, nbytes, below=mgr.retained.rank(s)):
             return False
         off = self.arena.alloc(nbytes)
-        self.moves.append(TierMove(MOVE_TO_RAM, s.id, pages=tuple(s.pages), dst_offset=off))
+        image = (s.slot_tier, s.slot) if with_image else None
+        self.moves.append(TierMove(MOVE_TO_RAM, s.id, pages=tuple(s.pages), image_slot=image, dst_offset=off))
         pages = list(s.pages)
+        if with_image:
+            mgr.retained.release_slot(s)
         s.placement.pages = []
         s.placement.tier = RAM
         s.placement.extents = [(off, nbytes)]
+        s.placement.image_in_extent = with_image
         mgr.pool.release(pages)
         self.counts["demotions_ram"] += 1
         return True
@@ -150,7 +164,7 @@ class Tiers:
         if self.disk_capacity <= 0 or s.tier == DISK:
             return False
         n_pages = mgr.retained.state_pages(s.n_tokens)
-        with_image = s.slot is not None
+        with_image = s.slot is not None or s.placement.image_in_extent
         if with_image != (self.image_bytes > 0):
             return False                     # a hybrid's state without its image cannot be restored from disk
         payload = self.state_bytes(n_pages, with_image)
@@ -161,7 +175,7 @@ class Tiers:
                 return False
             store.drop(x.id)
             self.counts["dropped"] += 1
-        image = (s.slot_tier, s.slot) if with_image else None
+        image = (s.slot_tier, s.slot) if s.slot is not None else None      # else none or already in the extent
         p = s.placement
         if p.tier == DEVICE:
             self.moves.append(TierMove(MOVE_TO_BYTES, s.id, pages=tuple(p.pages), image_slot=image))

@@ -1,7 +1,8 @@
 """Paged attention dispatcher (DESIGN §3 kernels/): checks arguments, then runs the implementation for the KV
 format (the view's tag) and device. "dense" (fp32, bf16 pages): the pure-torch reference (CPU and, through torch
-SDPA, CUDA). "hq-e8-2b" (HQ_E8_2B.md §4): the torch reference hq_reference.py on the CPU, the Triton kernels of
-hq_triton.py on CUDA (or anywhere with IGNIS_HQ_ATTENTION=triton, e.g. under TRITON_INTERPRET=1 in the tests);
+SDPA, CUDA). "hq-e8-2b" (HQ_E8_2B.md §4): the torch reference hq_reference.py on the CPU (decode: its lean form
+hq_decode.py), the Triton kernels of hq_triton.py on CUDA (or anywhere with IGNIS_HQ_ATTENTION=triton, e.g. under
+TRITON_INTERPRET=1 in the tests);
 "hq-sim": the same reference over decoded vectors of another quantizer (the research baselines of
 tools/bench_kvformat.py).
 
@@ -22,7 +23,7 @@ from typing import Protocol
 
 import torch
 
-from ignis_kernels.attention import hq_reference, reference
+from ignis_kernels.attention import hq_decode, hq_reference, reference
 from ignis_kernels.attention.exact import ExactRing, ExactSpan, encoded_pages, window_start
 
 __all__ = ["PagedView", "PagedKV", "VIEW_TAGS", "COMPRESSED_TAGS", "ExactSpan", "ExactRing", "encoded_pages",
@@ -152,8 +153,9 @@ def paged_decode_attention(q: torch.Tensor, view: PagedView, page_table: torch.T
 
     q: [B, Hq, d]; view: the layer's PagedView; page_table: LongTensor [B, W] (padded with any valid page);
     context_lens: LongTensor [B], 1 <= context_lens <= W * page_tokens. exact: the batch's ExactRing (hq views).
-    single: B == 1's (context length, first page of a consecutive page run or None) as ints, the dense path's
-    shortcut (reference.paged_decode_attention); the caller vouches that they match page_table and context_lens.
+    single: B == 1's (context length, first page of a consecutive page run or None) as ints, the shortcut of the
+    dense path (reference.paged_decode_attention) and of hq-e8-2b's CPU path (hq_decode.py: the run read as a slice);
+    the caller vouches that they match page_table and context_lens.
     Returns [B, Hq, d]. Raises ValueError for a view tag without a kernel or inconsistent shapes.
     """
     if page_table.dim() != 2 or page_table.shape[0] != q.shape[0] or context_lens.shape != (q.shape[0],):
@@ -166,6 +168,8 @@ def paged_decode_attention(q: torch.Tensor, view: PagedView, page_table: torch.T
         if view.tag == "hq-e8-2b" and hq_backend(q.device) == "triton":
             from ignis_kernels.attention import hq_triton
             out = hq_triton.hq_paged_decode_attention(q, view, page_table, context_lens, exact, scale)
+        elif view.tag == "hq-e8-2b":
+            out = hq_decode.hq_decode_attention(q, view, page_table, context_lens, exact, scale, single)
         else:
             out = hq_reference.hq_paged_decode_attention(q, view, page_table, context_lens, exact, scale)
         return hq_reference.add_center(out, exact.center_v, view.params["signs"][1])

@@ -17,6 +17,8 @@ chunk's keys that all its queries read compressed (the pages before its first qu
 (4·(2d + 3) bytes a head-token on the CPU) and go through torch's fused CPU flash attention with the variance
 correction as an extra dimension (_flash_common); decode blocks are 64 pages, prefill blocks 16. The CPU cost is
 the number of torch ops, so codewords are gathered head-major for both kinds in one call from 24 KB of tables.
+The dispatcher's CPU decode of "hq-e8-2b" is the leaner hq_decode.py (same formulas; hq_paged_decode_attention here
+is the specification it is tested beside, and the decode of "hq-sim").
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ Every op here is elementwise in a fixed order, so a row's result never depends o
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 
@@ -57,18 +58,25 @@ def _check_dim(d: int) -> None:
         raise ValueError(f"hq-e8-2b needs a power-of-two head_dim >= 8, got {d}")
 
 
+@lru_cache(maxsize=None)
+def _plus_minus(dtype: torch.dtype, device: str) -> torch.Tensor:
+    """[[+1], [−1]]: one butterfly stage as addcmul(a, b, ±1) = (a + b, a − b)."""
+    return torch.tensor([[1.0], [-1.0]], dtype=dtype, device=device)
+
+
 def fwht(x: torch.Tensor) -> torch.Tensor:
     """Unnormalised Sylvester Walsh–Hadamard transform over the last dim (a power of two): H_d · x.
-    x: [..., d] float. Returns a new tensor of x's shape and dtype."""
+    x: [..., d] float. Returns a new tensor of x's shape and dtype. One op a stage: addcmul(a, b, [+1, −1]) gives
+    (a + b, a − b) with the same rounding as the sum and the difference (b·(±1) is exact)."""
     d = x.shape[-1]
     _check_dim(d)
     lead = x.shape[:-1]
+    pm = _plus_minus(x.dtype, str(x.device))
     y = x.reshape(-1, d)
     h = 1
     while h < d:
         y = y.view(-1, d // (2 * h), 2, h)
-        a, b = y[:, :, 0], y[:, :, 1]
-        y = torch.stack((a + b, a - b), dim=2)
+        y = torch.addcmul(y[:, :, :1], y[:, :, 1:], pm)
         h *= 2
     return y.reshape(*lead, d)
 

@@ -143,7 +143,8 @@ def test_churn_under_hq_hits_each_tier_with_the_cold_output(start_daemon, tiny_l
     the exact window) is hit on the device, from KV-RAM and from KV-disk, each time with the cold run's output."""
     from test_tiers import tiered_args
     # hq-e8-2b gives an all-attention model an image (the window) and so image slots; enough of them that page
-    # pressure, not slot pressure, moves turn 1's checkpoint down (slot pressure sends a state straight to disk)
+    # pressure moves turn 1's checkpoint down to KV-RAM with its slot (slot pressure moves a device state to KV-RAM
+    # with its image in its extent, test_hybrid_churn_under_hq...; either way it passes KV-RAM)
     d = start_daemon(tiered_args(tiny_llama_dir, tmp_path / "kv") + HQ + ["--reuse-host-slots-per-lane", "48"])
     try:
         _churn(d, tiny_hq_cold)
@@ -181,11 +182,6 @@ def hybrid_hq(tiny_qwen35_real_dir, tmp_path_factory):
                               host_slots=48)
 
 
-HQ_SKIPS_RAM = ("an hq-e8-2b checkpoint demoted from the device skips KV-RAM (to KV-disk, or dropped with KV-disk "
-                "off) even with the arena and host slots sized for its image; found in issue 10, not diagnosed")
-
-
-@pytest.mark.xfail(strict=True, reason=HQ_SKIPS_RAM)
 def test_hybrid_churn_under_hq_hits_each_tier_bit_exact(hybrid_hq):
     """test_tiers_more's hybrid churn in hq-e8-2b: the checkpoint (encoded pages + an image of GDN state and exact
     window) hit from each tier with the cold run's text and the device-only daemon's logprobs."""

@@ -110,8 +110,47 @@ def test_dispatcher_checks_the_exact_part():
 @pytest.mark.parametrize("blocks", [1, 2])
 def test_small_page_blocks_match_the_oracle(monkeypatch, blocks):
     """The online softmax across several compressed blocks (prefill and decode), against the same oracle."""
-    from ignis_kernels.attention import hq_reference
+    from ignis_kernels.attention import hq_decode, hq_reference
     monkeypatch.setattr(hq_reference, "BLOCK_PAGES", blocks)
-    monkeypatch.setattr(hq_reference, "DECODE_BLOCK_PAGES", blocks)
+    monkeypatch.setattr(hq_decode, "DECODE_BLOCK_PAGES", blocks)
     test_prefill_and_decode_match_the_oracle(6, 2, 16, 8, 2, [13, 1, 1, 20, 1, 7, 1, 1, 1])
     test_batched_decode_of_three_sequences()
+    test_one_sequence_on_a_page_run_reads_the_pool_in_place(3)
+
+
+@pytest.mark.parametrize("sinks", [0, 3])
+def test_one_sequence_on_a_page_run_reads_the_pool_in_place(sinks):
+    """A lone decode row whose pages are a consecutive run (AttentionPlan.decode_single: the CPU path slices the
+    pool and masks its ring by position) at every context from 1 to 60: before the first page is encoded, while
+    the position is still among the sinks, and across page starts, against the oracle; and hq_reference's decode
+    (the specification, the CPU path of "hq-sim") on the same steps."""
+    from ignis_kernels.attention import hq_reference
+    kv, st, fmt = hq_pool(hkv=2, d=16, window=8, sinks=sinks)
+    pt, wp = kv.page_tokens, fmt.exact_window_pages
+    g = torch.Generator().manual_seed(11 + sinks)
+    ctx = 60
+    xk, xv = torch.randn(ctx, 2, 16, generator=g), torch.randn(ctx, 2, 16, generator=g)
+    q = torch.randn(ctx, 6, 16, generator=g) * 2
+    pages = list(range(5, 5 + -(-ctx // pt)))
+    st.zero(2)
+    for p in range(ctx):
+        plan, _, ring = write_chunks(kv, st, 0, [(xk[p:p + 1], xv[p:p + 1], p, pages, 2)])
+        assert plan.decode_single == (p + 1, 5)
+        got = kattn.paged_decode_attention(q[p:p + 1], kv.view(0), plan.decode_pages, plan.decode_lens, exact=ring,
+                                           single=plan.decode_single)
+        kh, vh, rk = decoded(kv, 0, pages, p + 1)
+        want = oracle(q[p:p + 1], xk[:p + 1], xv[:p + 1], kh, vh, rk, p, wp, pt, sinks)
+        assert rel(got, want) < 2e-5, p
+        spec = hq_reference.hq_paged_decode_attention(q[p:p + 1], kv.view(0), plan.decode_pages, plan.decode_lens,
+                                                      ring)                 # the specification's decode (hq-sim's)
+        assert rel(spec, want) < 2e-5, p
+
+
+def test_the_word_table_is_four_times_every_codeword():
+    """hq_decode's packed int8 table against the spec's full decode table (HQ_E8_2B.md §1.1, its conformance hash is
+    test_kvq_codec's): every one of the 65,536 codes, indexed as the int16 code the pool stores."""
+    from ignis_kernels.attention.hq_decode import decode_words
+    from ignis_kernels.kvq.codebook import decode_table
+    codes = torch.arange(65536).reshape(-1, 1)
+    signed = torch.where(codes >= 1 << 15, codes - (1 << 16), codes).to(torch.int16)
+    assert torch.equal(decode_words(signed) * 0.25, decode_table("cpu")[codes[:, 0]])

@@ -405,6 +405,37 @@ def test_hybrid_slot_exhaustion_moves_the_victim_down_instead_of_dropping_it():
     w2.check()
 
 
+def test_slot_pressure_moves_a_device_state_into_ram_with_its_image_then_to_disk():
+    """A state that is mostly image (hq-e8-2b: a few encoded pages and the exact window) leaves the device by slot
+    pressure: into KV-RAM with its image after its pages in one extent (its slot given back), restored from there,
+    and from there to KV-disk with the same bytes."""
+    w = World(pages=16, arena_pages=4, disk_bytes=20 * P, hybrid=True, host_slots=2)
+    a = w.retain(toks(1, 128))                      # 2 pages each
+    b = w.retain(toks(2, 128))
+    a_pages, a_slot = tuple(a.pages), a.slot
+    c = w.retain(toks(3, 128))                      # no free slot: a (lowest) → RAM, 2P + IMG = 2,152 bytes at 0
+    assert w.cache.plan_moves() == [TierMove("to_ram", a.id, pages=a_pages, image_slot=("host", a_slot),
+                                             dst_offset=0)]
+    assert (a.tier, a.slot, a.placement.extents, a.placement.image_in_extent) == ("ram", None, [(0, 2152)], True)
+    assert c.slot == a_slot and w.pool.free == 16 - 4
+    assert w.tiers.arena.size_of(0) == 3 * P        # aligned to P
+    b_pages, b_slot = tuple(b.pages), b.slot
+    w.retain(toks(4, 128))                          # b → RAM the same way; a makes room: → disk from its extent
+    moves = w.cache.plan_moves()
+    assert moves == [TierMove("to_bytes", a.id, src_offset=0, nbytes=2152),
+                     TierMove("to_ram", b.id, pages=b_pages, image_slot=("host", b_slot), dst_offset=0)]
+    assert (a.tier, a.slot, a.placement.disk_bytes) == ("disk", None, 2 * P + IMG + H)
+    rec = w.cache.disk_record(a.id)
+    assert rec.image_layout == IMAGE and rec.n_pages == 2
+    # the restore of b takes its pages from the extent and its image from the bytes after them
+    adm = w.cache.admit("r", toks(2, 200), 256, reuse=True)
+    rs = adm.restore
+    assert (rs.tier, rs.src_offset, rs.slot, rs.image_after_pages, len(rs.dst_pages)) == ("ram", 0, None, True, 2)
+    w.cache.release("r")
+    w.check()
+    flush = {m.state_id: m for m in w.cache.plan_flush()}          # b, and the two on the device (c, d)
+    assert len(flush) == 3 and flush[b.id] == TierMove("to_bytes", b.id, src_offset=0, nbytes=2152)
+
 def test_a_hybrid_state_never_goes_to_disk_without_an_image_layout():
     w = World(pages=6, disk_bytes=20 * P, hybrid=True)
     w.tiers.image_layout, w.tiers.image_bytes = (), 0          # a misbuilt tier: the image could not be written
