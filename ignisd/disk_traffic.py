@@ -11,6 +11,7 @@ way, named by their sequence id; a fault there makes the scheduler recompute tha
 from __future__ import annotations
 
 import asyncio
+import time
 
 from ignisd.log import get_logger
 from ignisd.vocab import LIVE
@@ -33,10 +34,11 @@ class DiskTraffic:
         self._tasks: dict[str, asyncio.Task] = {}     # state id -> its latest write or read in flight
         self._running: set[asyncio.Task] = set()      # every one in flight (a live sequence evicted again can have an
                                                       # older file's write still landing)
-        # read buffers: a fresh one costs its page faults (~1 GB/s on these machines, several times the read and
-        # its checksum), so the largest one a restore is done with is kept for the next read
-        self._lent: dict[str, tuple[bytearray, memoryview]] = {}   # state id -> (buffer, the payload view of it)
-        self._spare: bytearray | None = None
+        # read buffers: a fresh one costs its page faults (on these VMs memory not touched lately fills at ~1-2 GB/s,
+        # a warm buffer at ~15 GB/s), so the largest buffer that no restore can read any more (that of a finished
+        # restore, or the bytes of a written file) is kept for the next read
+        self._lent: dict[str, tuple[object, memoryview]] = {}   # state id -> (buffer, the payload view of it)
+        self._spare = None
 
     @property
     def busy(self) -> bool:
@@ -62,18 +64,23 @@ class DiskTraffic:
             if sid not in self._tasks or self._tasks[sid].done():
                 self._start(sid, self._read(sid))
 
-    def _read_buffer(self, nbytes: int) -> bytearray:
+    def _read_buffer(self, nbytes: int):
         """A buffer of at least `nbytes` for a KV-disk read: the spare one when it is large enough, else a new one.
-        First takes back the buffers of states whose payload no longer is that buffer (restored, dropped)."""
-        for sid, (buf, view) in list(self._lent.items()):
-            if self.cache.payload_of(sid) is not view:
-                del self._lent[sid]
-                if self._spare is None or len(buf) > len(self._spare):
-                    self._spare = buf
-        if self._spare is not None and len(self._spare) >= nbytes:
+        First takes back the buffers that no restore can read any more."""
+        self._reclaim()
+        if self._spare is not None and memoryview(self._spare).nbytes >= nbytes:
             buf, self._spare = self._spare, None
             return buf
         return bytearray(nbytes)
+
+    def _reclaim(self) -> None:
+        """Keep the largest of the lent buffers that no restore can read any more (``CacheManager.payload_free``)
+        as the spare; let the others go."""
+        for sid, (buf, view) in list(self._lent.items()):
+            if self.cache.payload_free(sid, view):
+                del self._lent[sid]
+                if self._spare is None or memoryview(buf).nbytes > memoryview(self._spare).nbytes:
+                    self._spare = buf
 
     def _start(self, sid: str, coro) -> None:
         task = self._tasks[sid] = asyncio.ensure_future(coro)
@@ -91,6 +98,7 @@ class DiskTraffic:
         if record is None:
             return
         n = record.pages_bytes
+        t0 = time.perf_counter()
         try:
             size = await self.disk.write(record, memoryview(payload)[:n], memoryview(payload)[n:])
         except OSError as e:
@@ -99,9 +107,12 @@ class DiskTraffic:
         else:
             if not self.cache.disk_written(sid, size, record.key):      # dropped (or restored) while written
                 self._delete_quietly(record.key)
-            elif self.metrics is not None:
-                self.metrics.tier_disk_writes.inc()
-                self.metrics.tier_disk_write_bytes.inc(size)
+            else:
+                self._retire(sid, record, payload)
+                if self.metrics is not None:
+                    self.metrics.tier_disk_writes.inc()
+                    self.metrics.tier_disk_write_bytes.inc(size)
+                    self.metrics.tier_disk_write_seconds.inc(time.perf_counter() - t0)
         finally:
             self._settled(sid)
 
@@ -109,6 +120,7 @@ class DiskTraffic:
         key = self.cache.disk_file(sid)
         if key is None:
             return
+        t0 = time.perf_counter()
         try:
             want = self.cache.disk_record(sid)
             if want is None:
@@ -128,8 +140,17 @@ class DiskTraffic:
             if self.metrics is not None:
                 self.metrics.tier_disk_reads.inc()
                 self.metrics.tier_disk_read_bytes.inc(total)
+                self.metrics.tier_disk_read_seconds.inc(time.perf_counter() - t0)
         finally:
             self._settled(sid)
+
+    def _retire(self, sid: str, record, payload) -> None:
+        """A file of `sid` landed from `payload`: its buffer becomes a read buffer once no restore can read it
+        (a live sequence's bytes are left to its own restore)."""
+        view = memoryview(payload)
+        if record.kind != LIVE and not view.readonly and view.c_contiguous:
+            self._reclaim()
+            self._lent[sid] = (view if view.format == "B" and view.ndim == 1 else view.cast("B"), payload)
 
     def _delete_quietly(self, key: str) -> None:
         try:

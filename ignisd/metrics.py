@@ -42,7 +42,8 @@ class Metrics:
     reuse_tokens_restored, reuse_captures (label kind), reuse_captures_skipped (label reason); the tokens prefilled
     are prefill_tokens. Tiers (DESIGN §4.5), label tier: tier_bytes_used, tier_bytes_total, tier_states (gauges),
     tier_demotions, tier_restores, tier_restore_bytes, tier_restore_seconds (counters); tier_disk_writes,
-    tier_disk_write_bytes, tier_disk_reads, tier_disk_read_bytes, tier_disk_errors (counters); live_evictions
+    tier_disk_write_bytes, tier_disk_write_seconds, tier_disk_reads, tier_disk_read_bytes, tier_disk_read_seconds,
+    tier_disk_errors (counters; the seconds run from a file task's start to its end); live_evictions
     (label how: moved / recomputed).
 
     For llama.cpp / vLLM users: requests_running and requests_waiting (gauges, = lanes_busy and queue_depth),
@@ -101,9 +102,15 @@ class Metrics:
         self.tier_disk_writes = Counter("ignis_tier_disk_writes", "KV-disk files written.", registry=r)
         self.tier_disk_write_bytes = Counter("ignis_tier_disk_write_bytes", "Bytes of KV-disk files written.",
                                              registry=r)
+        self.tier_disk_write_seconds = Counter("ignis_tier_disk_write_seconds",
+                                               "Seconds spent writing KV-disk files (bytes / seconds = write "
+                                               "bandwidth; temporary name to the directory fsync).", registry=r)
         self.tier_disk_reads = Counter("ignis_tier_disk_reads", "KV-disk files read back for a restore.", registry=r)
         self.tier_disk_read_bytes = Counter("ignis_tier_disk_read_bytes", "Bytes of KV-disk files read back.",
                                             registry=r)
+        self.tier_disk_read_seconds = Counter("ignis_tier_disk_read_seconds",
+                                              "Seconds spent reading and verifying KV-disk files (bytes / seconds = "
+                                              "read bandwidth).", registry=r)
         self.tier_disk_errors = Counter("ignis_tier_disk_errors",
                                         "KV-disk faults (no space, I/O error, removed or corrupt file).", registry=r)
         self.live_evictions = Counter("ignis_live_evictions",

@@ -1,8 +1,8 @@
 """The KV-disk file format, version 2 (DESIGN §4.5, issue 9): ``DiskRecord`` and the codec of one ``<key>.ignkv``.
 
-†: imports no torch; bytes in, bytes out. Besides the record and the encoders, the checks a reader makes
-(``head_reader``, ``read_head``, ``read_payload``) and the buffer helpers live here, shared by the sync and async
-paths of the store that writes, reads and scans these files: ``cache/disk_store.py``.
+†: imports no torch; bytes in, bytes out. Besides the record and the encoders, the checks a reader makes up to the
+payload (``head_reader``, ``read_head``) live here; the payload I/O with its checksum is ``cache/disk_io.py``, and
+the store that writes, reads and scans these files is ``cache/disk_store.py``.
 
 Spec (format version 2)
 =======================
@@ -83,7 +83,6 @@ SUFFIX = ".ignkv"
 KEY_DOMAIN = b"ignis-kv-key\0\1"
 LEAD = struct.Struct("<8sII")            # magic, version, header_len: 16 bytes
 TRAILER = struct.Struct("<IQ16s")        # header crc32, payload_len, payload XXH3-128: 28 bytes
-CHUNK_BYTES = 8 << 20                    # one read, write or hash step: 8 MiB
 MAX_HEADER_BYTES = 1 << 28               # 256 MiB: refuses a corrupt length before allocating it
 FIXED_BYTES = LEAD.size + TRAILER.size   # 44: a file is FIXED_BYTES + header_len + payload_len bytes
 DIGEST_BYTES = TRAILER.size - 12         # 16
@@ -320,26 +319,8 @@ def stamp_of(stamp) -> tuple[str, str, str]:
     return stamp
 
 
-def payload_targets(record: DiskRecord, into):
-    """Where a read puts the payload: fresh bytearrays, or the caller's ``into`` = (pages, image) buffers as byte
-    memoryviews. Raises ValueError unless they are writable and exactly pages_bytes and image_bytes long."""
-    if into is None:
-        return bytearray(record.pages_bytes), bytearray(record.image_bytes)
-    views = tuple(byte_view(b) for b in into)
-    if any(v.readonly for v in views) or [v.nbytes for v in views] != [record.pages_bytes, record.image_bytes]:
-        raise ValueError(f"into: need writable buffers of {record.pages_bytes} and {record.image_bytes} bytes")
-    return views
-
-
-def chunks(*views: memoryview):
-    """The byte views in order, cut into slices of at most CHUNK_BYTES (one executor step each)."""
-    for mv in views:
-        for off in range(0, mv.nbytes, CHUNK_BYTES):
-            yield mv[off:off + CHUNK_BYTES]
-
-
 def head_reader(key: str, size: int):
-    """The reader's checks up to the payload, as a generator shared by the sync and async readers: it yields how
+    """The reader's checks up to the payload, as a generator (``read_head`` drives it from a file): it yields how
     many bytes it wants next and is sent them; it returns (record, payload digest), the file then positioned at
     the payload. key: the file name's key; size: the file's size in bytes. Raises FormatError."""
     header_len = parse_lead((yield LEAD.size))
@@ -362,21 +343,3 @@ def read_head(f, key: str) -> tuple[DiskRecord, bytes]:
             n = gen.send(f.read(n))
     except StopIteration as done:
         return done.value
-
-
-def read_payload(f, digest: bytes, views=None, total: int = 0) -> None:
-    """Read the payload from blocking ``f`` (positioned at it) into ``views`` (byte memoryviews filled in order)
-    or, when None, ``total`` bytes through one reused chunk buffer, and check its SHA-256 against ``digest``.
-    Raises FormatError("truncated") on a short read, FormatError("payload checksum") on a mismatch."""
-    h = payload_hasher()
-    if views is None:
-        buf = memoryview(bytearray(min(CHUNK_BYTES, total)))
-        parts = (buf[:min(CHUNK_BYTES, total - off)] for off in range(0, total, CHUNK_BYTES))
-    else:
-        parts = chunks(*views)
-    for chunk in parts:
-        if f.readinto(chunk) != chunk.nbytes:
-            raise FormatError("truncated")
-        h.update(chunk)
-    if h.digest() != digest:
-        raise FormatError("payload checksum")

@@ -49,6 +49,15 @@ class DiskStates:
         s = self._state(state_id)
         return s.placement.payload if s is not None else None
 
+    def payload_free(self, state_id: str, payload) -> bool:
+        """Whether no restore can read `payload` (bytes a round produced for `state_id`, or a read returned) any
+        more, so that its buffer may be reused: it is not what a restore of `state_id` would read, and no lookup
+        holds the state (a restore already planned pins it until its round ran)."""
+        if payload is self.payload_of(state_id):
+            return False
+        s = self._state(state_id)
+        return s is None or s.pins == 0
+
     def bytes_ready(self, state_id: str, payload: bytes) -> bool:
         """The round produced the bytes of `state_id` (a "to_bytes" move) or its KV-disk file was read back and
         verified: restores may use them now. Whether the state is still retained (or the live sequence evicted)."""

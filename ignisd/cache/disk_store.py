@@ -6,8 +6,9 @@ files are named ``<DiskRecord.key>.ignkv``.
 
 Rules of the store:
 
-- Serving I/O is async (aiofiles; hashing and fsync in the default executor), so the round loop never waits on the
-  disk: ``write`` and ``read``. ``read_sync``, ``scan`` and ``delete`` are synchronous, for start-up, shutdown or a
+- Serving I/O is async, so the round loop never waits on the disk: ``write`` and ``read`` run the payload I/O of
+  ``cache/disk_io.py`` as one job in the default executor (aiofiles' wrap), the rename and directory fsync as two
+  more. ``read_sync``, ``scan`` and ``delete`` are synchronous, for start-up, shutdown or a
   worker thread. One event loop drives a store (its accounting is not locked).
 - ``write`` is atomic: ``<key>.ignkv.tmp-<pid>-<n>`` is written (the payload hashed while it is written), flushed,
   fsynced, renamed to ``<key>.ignkv`` and the directory fsynced. When it raises, no file of that write is left
@@ -40,7 +41,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiofiles
 import aiofiles.os
 
 from ignisd.cache.disk_format import (
@@ -51,24 +51,20 @@ from ignisd.cache.disk_format import (
     FormatError,
     VersionError,
     byte_view,
-    chunks,
     digest_offset,
     encode_header,
     file_prefix,
-    payload_hasher,
-    head_reader,
     read_head,
-    payload_targets,
-    read_payload,
     stamp_of,
 )
+from ignisd.cache.disk_io import read_file, read_payload, write_file
 from ignisd.vocab import LIVE
 
 LOCK_NAME = ".lock"
 TMP_MARK = SUFFIX + ".tmp-"
 _KEY = re.compile(r"[0-9a-f]{64}")
-_fsync = aiofiles.os.wrap(os.fsync)
-_hash = aiofiles.os.wrap(lambda h, view: h.update(view))   # xxhash drops the GIL on large buffers
+_write_file = aiofiles.os.wrap(write_file)
+_read_file = aiofiles.os.wrap(read_file)
 
 
 class DiskFull(OSError):
@@ -112,10 +108,6 @@ class ScanResult:
     live: int = 0
     errors: int = 0
     reasons: list[tuple[str, str]] = field(default_factory=list)
-
-
-def _opener(path, flags):
-    return os.open(path, flags, 0o600)
 
 
 class DiskStore:
@@ -212,15 +204,8 @@ class DiskStore:
         self._live_tmp.add(tmp.name)
         renamed = False
         try:
-            h = payload_hasher()
-            async with aiofiles.open(tmp, "xb", opener=_opener) as f:
-                await f.write(file_prefix(header, record.payload_bytes, bytes(DIGEST_BYTES)))
-                for chunk in chunks(pages, image):
-                    await asyncio.gather(f.write(chunk), _hash(h, chunk))
-                await f.seek(digest_offset(len(header)))
-                await f.write(h.digest())
-                await f.flush()
-                await _fsync(f.fileno())
+            await _write_file(tmp, file_prefix(header, record.payload_bytes, bytes(DIGEST_BYTES)), (pages, image),
+                              digest_offset(len(header)))
             await aiofiles.os.rename(tmp, final)
             renamed = True
             self._files[key] = size
@@ -237,44 +222,22 @@ class DiskStore:
             self._live_tmp.discard(tmp.name)
 
     # -- read -----------------------------------------------------------------------------------------------------
-    async def read(self, key: str, into=None) -> tuple[DiskRecord, bytearray | memoryview, bytearray | memoryview]:
-        """(record, pages, image) of ``key``, every check of the spec passed. pages and image are fresh bytearrays
-        (n_pages * page_bytes and image_bytes long), or, with ``into`` = (pages buffer, image buffer) (writable,
-        C-contiguous, exactly those sizes: e.g. arena slices), those buffers filled in place, as byte memoryviews
-        (on any error their contents are undefined). Raises CorruptFile (the file is deleted), FileNotFoundError
-        (no such file, or removed underneath), ValueError on a malformed key or ``into`` of the wrong size (the
-        file is kept), any OSError of the disk."""
+    async def read(self, key: str, into=None) -> tuple[DiskRecord, memoryview, memoryview]:
+        """(record, pages, image) of ``key``, every check of the spec passed. pages and image are byte memoryviews
+        of fresh bytearrays (n_pages * page_bytes and image_bytes long), or, with ``into`` = (pages
+        buffer, image buffer) (writable, C-contiguous, exactly those sizes: e.g. arena slices), of those buffers
+        filled in place (on any error their contents are undefined). Raises CorruptFile (the file is deleted),
+        FileNotFoundError (no such file, or removed underneath), ValueError on a malformed key or ``into`` of the
+        wrong size (the file is kept), any OSError of the disk."""
         path = self.path(key)
         with self._verifying(key, path):
-            async with aiofiles.open(path, "rb") as f:
-                gen = head_reader(key, os.fstat(f.fileno()).st_size)
-                try:
-                    n = next(gen)
-                    while True:
-                        n = gen.send(await f.read(n))
-                except StopIteration as done:
-                    record, digest = done.value
-                pages, image = payload_targets(record, into)
-                h = payload_hasher()
-                pending = memoryview(b"")
-                for chunk in chunks(memoryview(pages), memoryview(image)):   # read chunk i while hashing i - 1
-                    got, _ = await asyncio.gather(f.readinto(chunk), _hash(h, pending))
-                    if got != chunk.nbytes:
-                        raise FormatError("truncated")
-                    pending = chunk
-                await _hash(h, pending)
-                if h.digest() != digest:
-                    raise FormatError("payload checksum")
-        return record, pages, image
+            return await _read_file(path, key, into)
 
-    def read_sync(self, key: str, into=None) -> tuple[DiskRecord, bytearray | memoryview, bytearray | memoryview]:
+    def read_sync(self, key: str, into=None) -> tuple[DiskRecord, memoryview, memoryview]:
         """``read`` without the event loop (start-up, a worker thread). Same arguments, answers and errors."""
         path = self.path(key)
-        with self._verifying(key, path), open(path, "rb") as f:
-            record, digest = read_head(f, key)
-            pages, image = payload_targets(record, into)
-            read_payload(f, digest, (memoryview(pages), memoryview(image)))
-        return record, pages, image
+        with self._verifying(key, path):
+            return read_file(path, key, into)
 
     @contextmanager
     def _verifying(self, key: str, path: Path):

@@ -13,16 +13,16 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import zlib
 from array import array
 from pathlib import Path
 
-import aiofiles
 import aiofiles.os
 import pytest
 import xxhash
 
-from ignisd.cache import disk_format, disk_store
+from ignisd.cache import disk_format, disk_io, disk_store
 from ignisd.cache.disk_format import DiskRecord, file_bytes
 from ignisd.cache.disk_store import CorruptFile, DirectoryLocked, DiskFull, DiskStore
 
@@ -63,7 +63,7 @@ def store(tmp_path):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(disk_format, "CHUNK_BYTES", 40)   # many chunks, boundaries inside pages and the image
+    monkeypatch.setattr(disk_io, "CHUNK_BYTES", 40)   # many chunks, boundaries inside pages and the image
 
 
 # -- round trips ------------------------------------------------------------------------------------------------
@@ -325,18 +325,30 @@ def test_scan_removes_stale_temporaries_but_not_other_names(store):
     assert res.stale_tmp == 1 and listing(d) == ["README"]
 
 
+def hold_fsync(monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """Make the payload job of a write block at its fsync: (reached, release) events."""
+    reached, release = threading.Event(), threading.Event()
+
+    def blocking_fsync(fd):
+        reached.set()
+        release.wait(10)
+        os.fsync(fd)
+    monkeypatch.setattr(disk_io, "_fsync", blocking_fsync)
+    return reached, release
+
+
+async def until(event: threading.Event) -> None:
+    while not event.is_set():
+        await asyncio.sleep(0.001)
+
+
 def test_scan_keeps_the_temporary_of_its_own_write_in_flight(store, monkeypatch):
     r = rec()
 
     async def go():
-        reached, release = asyncio.Event(), asyncio.Event()
-
-        async def slow(fd):
-            reached.set()
-            await release.wait()
-        monkeypatch.setattr(disk_store, "_fsync", slow)
+        reached, release = hold_fsync(monkeypatch)
         t = asyncio.ensure_future(store.write(r, *payload(r)))
-        await reached.wait()
+        await until(reached)
         res = store.scan(STAMP)
         assert res.stale_tmp == 0 and len([n for n in listing(store.directory) if ".tmp-" in n]) == 1
         release.set()
@@ -348,18 +360,18 @@ def test_scan_keeps_the_temporary_of_its_own_write_in_flight(store, monkeypatch)
 def test_kill_9_mid_write_leaves_a_temporary_that_the_next_scan_removes(tmp_path):
     d = tmp_path / "kv"
     code = textwrap.dedent(f"""
-        import asyncio, sys
+        import asyncio, sys, time
         sys.path.insert(0, {str(ROOT / "tests" / "unit")!r})
-        from ignisd.cache import disk_store
+        from ignisd.cache import disk_io, disk_store
         from test_disk_store import rec, payload, STAMP
         s = disk_store.DiskStore({str(d)!r}, 1 << 20)
         s.scan(STAMP)
         keep, dying = rec(tokens=(9, 9, 9, 9)), rec()
         asyncio.run(s.write(keep, *payload(keep)))
-        async def hang(fd):
+        def hang(fd):
             print("in fsync", flush=True)
-            await asyncio.sleep(60)
-        disk_store._fsync = hang
+            time.sleep(60)
+        disk_io._fsync = hang
         asyncio.run(s.write(dying, *payload(dying)))
     """)
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT,
@@ -437,32 +449,18 @@ class _Injected:
     def __init__(self, monkeypatch, step):
         self.step = step
         if step == "open":
-            monkeypatch.setattr(aiofiles, "open", self._raise)
+            monkeypatch.setattr(disk_io, "_open", self._raise)
         elif step == "write":
-            real = aiofiles.open
+            real, calls = disk_io._write_all, []
 
-            def opener(*a, **k):
-                cm = real(*a, **k)
-
-                class CM:
-                    async def __aenter__(cm_self):
-                        f = await cm.__aenter__()
-                        orig, calls = f.write, []
-
-                        async def write(b):
-                            calls.append(1)
-                            if len(calls) == 3:
-                                raise OSError(errno.EIO, "injected")
-                            return await orig(b)
-                        f.write = write
-                        return f
-
-                    async def __aexit__(cm_self, *e):
-                        return await cm.__aexit__(*e)
-                return CM()
-            monkeypatch.setattr(aiofiles, "open", opener)
+            def write_all(fd, view):
+                calls.append(1)
+                if len(calls) == 3:
+                    raise OSError(errno.EIO, "injected")
+                real(fd, view)
+            monkeypatch.setattr(disk_io, "_write_all", write_all)
         elif step == "fsync":
-            monkeypatch.setattr(disk_store, "_fsync", self._araise)
+            monkeypatch.setattr(disk_io, "_fsync", self._raise)
         elif step == "rename":
             monkeypatch.setattr(aiofiles.os, "rename", self._araise)
         elif step == "dir fsync":
@@ -490,21 +488,23 @@ def test_an_io_error_during_write_leaves_nothing_and_raises(store, monkeypatch, 
     assert store.read_sync(r.key)[0] == r
 
 
-@pytest.mark.parametrize("where", ["_fsync", "_afsync_dir"])
+@pytest.mark.parametrize("where", ["fsync in the payload job", "directory fsync"])
 def test_a_cancelled_write_leaves_nothing(store, monkeypatch, where):
     r = rec()
-    reached, release = None, None
+    reached, release = threading.Event(), threading.Event()
 
     async def slow(*a):
         reached.set()
-        await release.wait()
+        await until(release)
 
     async def go():
         nonlocal reached, release
-        reached, release = asyncio.Event(), asyncio.Event()
-        monkeypatch.setattr(disk_store, where, slow)
+        if where == "directory fsync":
+            monkeypatch.setattr(disk_store, "_afsync_dir", slow)
+        else:                                           # inside the executor job that writes the payload
+            reached, release = hold_fsync(monkeypatch)
         t = asyncio.ensure_future(store.write(r, *payload(r)))
-        await reached.wait()
+        await until(reached)
         t.cancel()
         await asyncio.sleep(0.01)
         assert not t.done()                             # waits for the step in flight...
