@@ -103,10 +103,13 @@ class RetainedStore:
         return pool.free if pool is not None else 0
 
     def rows(self) -> list[dict]:
-        """The ``status`` op's ``retained`` rows: kind, tier, tokens, priority, age_s, idle_s, holders (pins)."""
+        """The ``status`` op's ``retained`` rows: kind, tier, tokens, priority, age_s, idle_s, holders (pins), and
+        image_slot (the state's image is in a retained slot; False on an attention-only model, on KV-disk, or in
+        KV-RAM with the image in the arena extent after its pages)."""
         now = self.clock()
         return [{"kind": s.kind, "tier": s.tier, "tokens": s.n_tokens, "priority": s.priority,
-                 "age_s": now - s.created, "idle_s": now - s.last_use, "holders": s.pins}
+                 "age_s": now - s.created, "idle_s": now - s.last_use, "holders": s.pins,
+                 "image_slot": s.slot is not None}
                 for s in self._states.values() if not s.doomed]
 
     # ---------------------------------------------------------------- ranking

@@ -347,7 +347,8 @@ def test_status_rows_and_errors():
     _, res = w.capture("r", p[:200], priority="agent")
     w.clock.t += 5
     assert w.store.rows() == [{"kind": "checkpoint", "tier": "device", "tokens": 200, "priority": "agent",
-                               "age_s": 5.0, "idle_s": 5.0, "holders": 0}]
+                               "age_s": 5.0, "idle_s": 5.0, "holders": 0,
+                               "image_slot": True}]                 # a hybrid World: the image is in a host slot
     assert w.store.pages_held() == 4
     with pytest.raises(ValueError):
         w.store.reserve_capture("snapshot", p)
