@@ -10,7 +10,6 @@ sent now would say, unless the kept states change in between. †: imports no to
 """
 from __future__ import annotations
 
-
 from ignisd.cache.manager import ReuseMatch
 from ignisd.fronts.ndjson import reuse_object
 from ignisd.reuse_report import reuse_info
@@ -29,6 +28,6 @@ def probe(edge, op) -> dict:
     if cache.reuse_enabled and req.cache_prompt:   # as the scheduler's _capturing: lookups only where admission would
         lk = cache.retained.lookup(req.prompt_ids, pin=False, explain=True, floors=cache.tiers.floors)
         match = ReuseMatch.of(lk)
-    info = reuse_info(engine.scheduler.cache, req, match)   # the admission's own report rules, not a twin
+    info = reuse_info(cache, req, match)             # the admission's own report rules, not a twin
     reuse = edge.prompts.reuse(info, info.cached_tokens, gen.prompt)
     return {"prompt_tokens": len(req.prompt_ids), "reuse": reuse_object(reuse)}

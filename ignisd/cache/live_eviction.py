@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from ignisd.cache.admission import Admission
 from ignisd.cache.disk_format import DiskRecord, stamp_of
 from ignisd.plan import MOVE_TO_RAM, MOVE_TO_STAGE, RestoreOp, TierMove
 from ignisd.vocab import AGENT, DISK, LIVE, RAM
@@ -135,7 +136,6 @@ class LiveEviction:
         while its KV-disk bytes are not in memory (being produced or written, or the file is read back now: see
         ``loads_wanted``); or None when too few pages or no slot are free. Nothing is held unless admitted
         (retained states move down first). Call ``take_lost`` first: a lost sequence cannot be admitted."""
-        from ignisd.cache.manager import Admission
         ev = self._evicted[seq_id]
         if ev.tier == DISK and ev.payload is None:
             ev.want_read = True

@@ -13,12 +13,12 @@ retained-state store, and it alone takes and drops page references. Its verbs co
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from ignisd.cache.admission import Admission, ReuseMatch
 from ignisd.cache.page_pool import IntegrityError, PagePool
 from ignisd.cache.placement import Placement
 from ignisd.cache.retained import RetainedStore
-from ignisd.cache.retained_state import CaptureTicket, CommitResult, LookupResult
+from ignisd.cache.retained_state import CaptureTicket, CommitResult
 from ignisd.cache.state_slots import StateSlots
 from ignisd.cache.disk_states import DiskStates
 from ignisd.cache.live_eviction import LiveEviction
@@ -27,53 +27,6 @@ from ignisd.plan import CaptureOp, RestoreOp, RoundPlan, TierMove
 from ignisd.vocab import CHECKPOINT, DEVICE, DISK, RAM, SLOT_TIERS
 
 REFUSED_REUSE_OFF = "reuse_off"
-
-
-@dataclass(frozen=True)
-class ReuseMatch:
-    """What an admission's lookup found (plain data for ``ignis.reuse``).
-
-    state_id / kind / tier / tokens: the matched retained state and the prompt tokens it restores (None / 0 on a
-    miss). reason: None on a hit, "miss" or "stamp_mismatch". candidate_*: the diverging state that shares the most
-    with the prompt (its tokens, kind, tier and the common-prefix length), or None.
-    """
-
-    state_id: str | None
-    kind: str | None
-    tier: str | None
-    tokens: int
-    reason: str | None
-    candidate_tokens: tuple[int, ...] | None = None
-    candidate_kind: str | None = None
-    candidate_tier: str | None = None
-    candidate_common: int = 0
-
-    @classmethod
-    def of(cls, lk: LookupResult) -> "ReuseMatch":
-        """From the store's LookupResult."""
-        cand = lk.candidate_state
-        extra = {}
-        if cand is not None:
-            extra = dict(candidate_tokens=tuple(cand.tokens), candidate_kind=cand.kind, candidate_tier=cand.tier,
-                         candidate_common=lk.candidate.common_tokens)
-        s = lk.state
-        return cls(s.id if s else None, s.kind if s else None, s.tier if s else None,
-                   lk.matched_tokens if s else 0, lk.reason, **extra)
-
-
-@dataclass(frozen=True)
-class Admission:
-    """The answer of ``admit``: pages (the whole bound, position order; the first ``resumed // page_tokens`` shared
-    with the matched state), slot (live state slot or None), resumed (prompt tokens restored), match (None when the
-    request looked nothing up), restore (the op the next round runs first, None on a miss). wait_for: the KV-disk
-    state whose bytes are being read for this request (then nothing was reserved: try again after the read)."""
-
-    pages: tuple[int, ...]
-    slot: int | None
-    resumed: int
-    match: ReuseMatch | None
-    restore: RestoreOp | None
-    wait_for: str | None = None
 
 
 class CacheManager(DiskStates, LiveEviction):

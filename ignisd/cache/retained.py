@@ -1,4 +1,4 @@
-"""Retained states: retained prefixes and prompt checkpoints, their ranking and their lifetime (DESIGN §4.4).
+"""Retained states: retained prefixes and prompt checkpoints and their lifetime (DESIGN §4.4; ranking: ranking.py).
 
 †: imports no torch. A retained state outlives its request: it holds the KV pages of its tokens (shared in place,
 reference counted, never written; its partial last page is a private copy) and, on a hybrid model, an image of the
@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from ignisd.cache import ranking
 from ignisd.cache.page_pool import IntegrityError
 from ignisd.cache.placement import Placement
 from ignisd.cache.prefix_index import ImageSpan, PrefixIndex, normalize_spans
@@ -35,7 +36,7 @@ from ignisd.cache.retained_state import (DEFAULT_INTERACTIVE_TTL, REASON_MISS, R
                                          REFUSED_NO_SLOT, CaptureTicket, CommitResult, LookupResult,
                                          RetainedState, Stamp, _priority)
 from ignisd.cache.state_slots import StateSlots
-from ignisd.vocab import DEVICE, DISK, KINDS, PAGE_TOKENS, RAM, SLOT_TIERS, TIERS
+from ignisd.vocab import DEVICE, DISK, KINDS, PAGE_TOKENS, SLOT_TIERS, TIERS
 
 
 class RetainedStore:
@@ -114,30 +115,14 @@ class RetainedStore:
 
     # ---------------------------------------------------------------- ranking
     def rank(self, state: RetainedState, now: float | None = None) -> tuple[int, int, float]:
-        """Higher keeps longer: (current, class, last_use); current 0 for a superseded checkpoint, else 1; class
-        1 = interactive, 0 = agent. An interactive checkpoint idle in KV-RAM for longer than interactive_ttl has
-        class 0 (DESIGN §4.4)."""
-        now = self.clock() if now is None else now
-        cls = 1 if state.priority == "interactive" else 0
-        if cls and state.kind == "checkpoint" and state.tier == RAM and now - state.last_use > self.interactive_ttl:
-            cls = 0
-        return 0 if state.superseded else 1, cls, state.last_use
+        """The state's rank (cache/ranking.py: higher keeps longer) at `now` (default: the store's clock)."""
+        return ranking.rank(state, self.clock() if now is None else now, self.interactive_ttl)
 
     def victim(self, *, below: tuple | None = None, with_slot: bool = False, tier: str | None = None,
                now: float | None = None) -> RetainedState | None:
-        """The lowest-ranked state that can be dropped or moved down: unpinned, not doomed, not in flight to disk,
-        holding a slot when ``with_slot``, in ``tier`` when given, and ranking strictly below ``below`` when given.
-        None when there is none."""
-        now = self.clock() if now is None else now
-        pool = [s for s in self._states.values()
-                if not s.pins and not s.doomed and not s.placement.in_flight
-                and (not with_slot or s.slot is not None) and (tier is None or s.tier == tier)]
-        if not pool:
-            return None
-        v = min(pool, key=lambda s: (self.rank(s, now), s.created))
-        if below is not None and not self.rank(v, now) < below:
-            return None
-        return v
+        """The lowest-ranked state that can be dropped or moved down (cache/ranking.py ``lowest``), or None."""
+        return ranking.lowest(self._states.values(), self.clock() if now is None else now, self.interactive_ttl,
+                              below=below, with_slot=with_slot, tier=tier)
 
     # ---------------------------------------------------------------- capture
     def _find(self, kind: str, tokens: tuple[int, ...], spans: tuple[ImageSpan, ...], stamp: Stamp):

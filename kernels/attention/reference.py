@@ -116,7 +116,8 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
 
 def _single_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor,
                    ctx: int, first: int | None, scale: float | None) -> torch.Tensor:
-    """paged_decode_attention of one sequence of context `ctx` (module docstring of `single`): q [1, Hq, d]."""
+    """paged_decode_attention of one sequence of context `ctx` (its docstring says what `single` vouches for):
+    q [1, Hq, d]; first: the first page of a consecutive run, or None to gather the page table's pages."""
     _, hq, d = q.shape
     p, pt, hkv, _ = k_pages.shape
     if first is not None:                                       # a consecutive run: a view of the pool

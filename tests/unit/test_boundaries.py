@@ -25,7 +25,7 @@ CONTROL_PLANE = [
     "ignisd.cache.extents", "ignisd.cache.tiers", "ignisd.cache.disk_format", "ignisd.cache.disk_io",
     "ignisd.cache.disk_store",
     "ignisd.disk_traffic", "ignisd.cache.disk_states", "ignisd.cache.live_eviction", "ignisd.eviction",
-    "ignis_client.protocol", "ignis_client.divergence",
+    "ignisd.cache.admission", "ignisd.cache.ranking", "ignisd.reuse_report",
     "ignis_client.protocol", "ignis_client.divergence", "ignis_client.status_view",
     "ignisd.systemd", "ignisd.health", "ignisd.lifecycle", "ignisd.reload", "ignisd.progress", "ignisd.install_unit",
 ]
