@@ -1,7 +1,7 @@
 """The KV-disk file format, version 2 (DESIGN §4.5, issue 9): ``DiskRecord`` and the codec of one ``<key>.ignkv``.
 
 †: imports no torch; bytes in, bytes out. Besides the record and the encoders, the checks a reader makes up to the
-payload (``head_reader``, ``read_head``) live here; the payload I/O with its checksum is ``cache/disk_io.py``, and
+payload (``read_head``) live here; the payload I/O with its checksum is ``cache/disk_io.py``, and
 the store that writes, reads and scans these files is ``cache/disk_store.py``.
 
 Spec (format version 2)
@@ -319,27 +319,16 @@ def stamp_of(stamp) -> tuple[str, str, str]:
     return stamp
 
 
-def head_reader(key: str, size: int):
-    """The reader's checks up to the payload, as a generator (``read_head`` drives it from a file): it yields how
-    many bytes it wants next and is sent them; it returns (record, payload digest), the file then positioned at
-    the payload. key: the file name's key; size: the file's size in bytes. Raises FormatError."""
-    header_len = parse_lead((yield LEAD.size))
+def read_head(f, key: str) -> tuple[DiskRecord, bytes]:
+    """The reader's checks up to the payload, on a blocking binary file ``f`` positioned at 0: (record, payload
+    digest), the file then positioned at the payload. key: the file name's key. Raises FormatError."""
+    size = os.fstat(f.fileno()).st_size
+    header_len = parse_lead(f.read(LEAD.size))
     if size < FIXED_BYTES + header_len:
         raise FormatError("truncated")
-    header = yield header_len
-    record, digest = parse_header(header, (yield TRAILER.size), header_len, key)
+    header = f.read(header_len)
+    record, digest = parse_header(header, f.read(TRAILER.size), header_len, key)
     want = expected_size(header_len, record)
     if size != want:
         raise FormatError("truncated" if size < want else "trailing bytes")
     return record, digest
-
-
-def read_head(f, key: str) -> tuple[DiskRecord, bytes]:
-    """``head_reader`` driven by a blocking binary file ``f`` positioned at 0: (record, payload digest)."""
-    gen = head_reader(key, os.fstat(f.fileno()).st_size)
-    try:
-        n = next(gen)
-        while True:
-            n = gen.send(f.read(n))
-    except StopIteration as done:
-        return done.value
