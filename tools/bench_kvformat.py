@@ -22,6 +22,7 @@ of the given context, 64 new tokens, --server-threads 2).
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -36,6 +37,7 @@ from kvformat_eval import evaluate, license_text  # noqa: E402
 from kvformat_passkey import passkey_counts, trial_keys  # noqa: E402
 from kvq_baselines import BITS  # noqa: E402
 
+from ignis_kernels.attention import hq_backend  # noqa: E402
 from ignisd.cache.kv_format import get_kv_format  # noqa: E402
 
 
@@ -115,7 +117,7 @@ def _daemon_rates(fmt, ctx, tk):
         d.stop()
 
 
-def cost(lm, tk, contexts):
+def cost(lm, tk, contexts, rounds: int = 2):
     print("## capacity: tokens in a 1 GiB KV pool")
     for name in ("fp32", "bf16", "hq-e8-2b"):
         bpt = get_kv_format(name).bytes_per_token(lm.spec)
@@ -123,12 +125,19 @@ def cost(lm, tk, contexts):
     enc, dec = _codec_rates()
     print(f"## torch codec on this CPU ({torch.get_num_threads()} threads, head_dim 64, MB of fp32 vectors / s): "
           f"encode {enc:.1f} MB/s, decode {dec:.0f} MB/s")
-    print("## daemon prefill / decode tok/s (SmolLM2, 1 lane, --server-threads 2, 64 new tokens)")
+    print(f"## daemon prefill / decode tok/s (SmolLM2, 1 lane, --server-threads 2, 64 new tokens; median of {rounds} "
+          f"daemons per format, alternated fp32, hq, hq, fp32, ...; hq decode attention backend: "
+          f"{hq_backend(torch.device('cpu'))})")
     for ctx in contexts:
-        row = {f: _daemon_rates(f, ctx, tk) for f in ("fp32", "hq-e8-2b")}
-        (pf, df), (ph, dh) = row["fp32"], row["hq-e8-2b"]
+        runs = {"fp32": [], "hq-e8-2b": []}
+        for r in range(rounds):
+            for f in (("fp32", "hq-e8-2b") if r % 2 == 0 else ("hq-e8-2b", "fp32")):
+                runs[f].append(_daemon_rates(f, ctx, tk))
+        (pf, df), (ph, dh) = ([statistics.median(x[i] for x in runs[f]) for i in (0, 1)] for f in ("fp32", "hq-e8-2b"))
+        each = "  ".join(f"{f} " + "/".join(f"{x[1]:.1f}" for x in v) for f, v in runs.items())
         print(f"   ctx {ctx:>5}: prefill fp32 {pf:.0f} hq {ph:.0f} ({ph / pf - 1:+.0%})   decode fp32 {df:.1f} "
-              f"hq {dh:.1f} ({dh / df - 1:+.0%})", flush=True)
+              f"hq {dh:.1f} ({dh / df - 1:+.0%}, hq/fp32 {dh / df:.2f}x; aim >= 0.85x)   each decode: {each}",
+              flush=True)
 
 
 def hybrid(policies, tokens):
@@ -160,6 +169,7 @@ def main() -> None:
     ap.add_argument("--passkey-trials", default="", help="lo:hi, a slice of the --trials keys (long runs in parts)")
     ap.add_argument("--cost", action="store_true")
     ap.add_argument("--cost-contexts", default="1024,4096")
+    ap.add_argument("--cost-rounds", type=int, default=2, help="daemons per format and context (median)")
     ap.add_argument("--hybrid", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
@@ -174,7 +184,7 @@ def main() -> None:
         passkey(lm, tk, ints(a.passkey), a.trials, a.passkey_policy, [float(x) for x in a.passkey_depths.split(",")],
                 a.passkey_formats.split(","), part)
     if a.cost:
-        cost(lm, tk, ints(a.cost_contexts))
+        cost(lm, tk, ints(a.cost_contexts), a.cost_rounds)
     if a.hybrid:
         hybrid(a.policies.split(","), 512)
 

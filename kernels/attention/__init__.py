@@ -1,8 +1,9 @@
 """Paged attention dispatcher (DESIGN §3 kernels/): checks arguments, then runs the implementation for the KV
 format (the view's tag) and device. "dense" (fp32, bf16 pages): the pure-torch reference (CPU and, through torch
-SDPA, CUDA). "hq-e8-2b" (HQ_E8_2B.md §4): the torch reference hq_reference.py on the CPU (decode: its lean form
-hq_decode.py), the Triton kernels of hq_triton.py on CUDA (or anywhere with IGNIS_HQ_ATTENTION=triton, e.g. under
-TRITON_INTERPRET=1 in the tests);
+SDPA, CUDA). "hq-e8-2b" (HQ_E8_2B.md §4): on the CPU, prefill by the torch reference hq_reference.py and decode by
+the fused C kernel of hq_cpu.py (backend "cpu", built on first use; where it cannot be built, or with
+IGNIS_HQ_ATTENTION=reference, by the torch form hq_decode.py); the Triton kernels of hq_triton.py on CUDA (or
+anywhere with IGNIS_HQ_ATTENTION=triton, e.g. under TRITON_INTERPRET=1 in the tests);
 "hq-sim": the same reference over decoded vectors of another quantizer (the research baselines of
 tools/bench_kvformat.py).
 
@@ -23,12 +24,12 @@ from typing import Protocol
 
 import torch
 
-from ignis_kernels.attention import hq_decode, hq_reference, reference
+from ignis_kernels.attention import hq_cpu, hq_decode, hq_reference, reference
 from ignis_kernels.attention.exact import ExactRing, ExactSpan, encoded_pages, window_start
 
 __all__ = ["PagedView", "PagedKV", "VIEW_TAGS", "COMPRESSED_TAGS", "ExactSpan", "ExactRing", "encoded_pages",
            "window_start", "paged_attention", "paged_decode_attention", "causal_mask", "gather_pages",
-           "hq_backend"]
+           "hq_backend", "decode_kernel"]
 
 causal_mask = reference.causal_mask
 gather_pages = reference.gather_pages
@@ -79,14 +80,35 @@ class PagedKV(Protocol):
 
 def hq_backend(device: torch.device) -> str:
     """Which implementation reads hq-e8-2b pages: "triton" on CUDA (when Triton imports) or when
-    IGNIS_HQ_ATTENTION=triton, "reference" otherwise (the CPU path)."""
+    IGNIS_HQ_ATTENTION=triton; on the CPU "cpu" (decode by the fused C kernel, hq_cpu.py) when it builds here,
+    else, or with IGNIS_HQ_ATTENTION=reference, "reference" (the torch path). IGNIS_HQ_ATTENTION=cpu forces the
+    kernel: RuntimeError when it cannot be built."""
     want = os.environ.get("IGNIS_HQ_ATTENTION", "")
     if want in ("reference", "triton"):
+        return want
+    if want == "cpu":                                     # forced (the tests): the kernel must build
+        if not hq_cpu.available():
+            raise RuntimeError(f"IGNIS_HQ_ATTENTION=cpu: {hq_cpu.error()}")
         return want
     if device.type == "cuda":
         from ignis_kernels.attention import hq_triton
         return "triton" if hq_triton.AVAILABLE else "reference"
-    return "reference"
+    return "cpu" if hq_cpu.available() else "reference"
+
+
+def decode_kernel(tag: str, device: torch.device) -> str:
+    """What reads a KV format's pages at decode, for the vram_plan line: "dense" (the torch reference), for
+    hq-e8-2b "triton", "cpu (fused C kernel)" or "reference (torch; <why the kernel is not used>)". Builds the CPU
+    kernel when it is not built yet (about a second, once per machine)."""
+    if tag != "hq-e8-2b":
+        return "dense" if tag == "dense" else tag
+    backend = hq_backend(device)
+    if backend == "cpu":
+        return "cpu (fused C kernel)"
+    if backend == "reference" and device.type == "cpu":
+        why = hq_cpu.error() or "IGNIS_HQ_ATTENTION=reference"
+        return f"reference (torch; {why})"
+    return backend
 
 
 def _dense(name: str, q: torch.Tensor, view: PagedView) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,9 +187,12 @@ def paged_decode_attention(q: torch.Tensor, view: PagedView, page_table: torch.T
         if exact.k.shape[0] != q.shape[0] or exact.k.shape[1] != (exact.window_pages + 1) * view.page_tokens:
             raise ValueError(f"paged_decode_attention: ring {tuple(exact.k.shape)} for {q.shape[0]} rows and "
                              f"{exact.window_pages} window pages")
-        if view.tag == "hq-e8-2b" and hq_backend(q.device) == "triton":
+        backend = hq_backend(q.device) if view.tag == "hq-e8-2b" else ""
+        if backend == "triton":
             from ignis_kernels.attention import hq_triton
             out = hq_triton.hq_paged_decode_attention(q, view, page_table, context_lens, exact, scale)
+        elif backend == "cpu" and hq_cpu.supports(q, view, exact):
+            out = hq_cpu.hq_decode_attention(q, view, page_table, context_lens, exact, scale)
         elif view.tag == "hq-e8-2b":
             out = hq_decode.hq_decode_attention(q, view, page_table, context_lens, exact, scale, single)
         else:

@@ -15,6 +15,14 @@ from hq_support import attend, decoded, hq_pool, oracle, run_pieces, write_chunk
 torch.set_num_threads(1)
 
 
+@pytest.fixture(params=["cpu", "reference"])
+def decode_backend(request, monkeypatch):
+    """Decode attention on the CPU by the fused C kernel (hq_cpu.py) and by the torch path (hq_decode.py)."""
+    monkeypatch.setenv("IGNIS_HQ_ATTENTION", request.param)
+    assert kattn.hq_backend(torch.device("cpu")) == request.param
+    return request.param
+
+
 def rel(got, ref):
     return float((got.double() - ref).abs().max() / ref.abs().max())
 
@@ -25,7 +33,7 @@ def rel(got, ref):
     (2, 1, 32, 16, 1, [40, 1, 9, 1]),                      # MQA, Wp 2; a 40-token chunk is longer than the ring
     (6, 2, 16, 16, 1, [25, 3, 1, 4, 2, 9]),                # chunks whose every compressed page precedes the window
 ])
-def test_prefill_and_decode_match_the_oracle(hq, hkv, d, window, sinks, pieces):
+def test_prefill_and_decode_match_the_oracle(hq, hkv, d, window, sinks, pieces, decode_backend):
     kv, st, fmt = hq_pool(hkv=hkv, d=d, window=window, sinks=sinks)
     pt, wp = kv.page_tokens, fmt.exact_window_pages
     g = torch.Generator().manual_seed(hq * 100 + d)
@@ -40,7 +48,7 @@ def test_prefill_and_decode_match_the_oracle(hq, hkv, d, window, sinks, pieces):
         assert rel(got, want) < 2e-5, (start, end)
 
 
-def test_batched_decode_of_three_sequences():
+def test_batched_decode_of_three_sequences(decode_backend):
     kv, st, fmt = hq_pool(hkv=2, d=16, window=8, sinks=1)
     pt, wp = kv.page_tokens, fmt.exact_window_pages
     g = torch.Generator().manual_seed(4)
@@ -109,17 +117,19 @@ def test_dispatcher_checks_the_exact_part():
 
 @pytest.mark.parametrize("blocks", [1, 2])
 def test_small_page_blocks_match_the_oracle(monkeypatch, blocks):
-    """The online softmax across several compressed blocks (prefill and decode), against the same oracle."""
+    """The online softmax across several compressed blocks (prefill and the torch decode path), against the same
+    oracle."""
     from ignis_kernels.attention import hq_decode, hq_reference
     monkeypatch.setattr(hq_reference, "BLOCK_PAGES", blocks)
     monkeypatch.setattr(hq_decode, "DECODE_BLOCK_PAGES", blocks)
-    test_prefill_and_decode_match_the_oracle(6, 2, 16, 8, 2, [13, 1, 1, 20, 1, 7, 1, 1, 1])
-    test_batched_decode_of_three_sequences()
-    test_one_sequence_on_a_page_run_reads_the_pool_in_place(3)
+    monkeypatch.setenv("IGNIS_HQ_ATTENTION", "reference")
+    test_prefill_and_decode_match_the_oracle(6, 2, 16, 8, 2, [13, 1, 1, 20, 1, 7, 1, 1, 1], "reference")
+    test_batched_decode_of_three_sequences("reference")
+    test_one_sequence_on_a_page_run_reads_the_pool_in_place(3, "reference")
 
 
 @pytest.mark.parametrize("sinks", [0, 3])
-def test_one_sequence_on_a_page_run_reads_the_pool_in_place(sinks):
+def test_one_sequence_on_a_page_run_reads_the_pool_in_place(sinks, decode_backend):
     """A lone decode row whose pages are a consecutive run (AttentionPlan.decode_single: the CPU path slices the
     pool and masks its ring by position) at every context from 1 to 60: before the first page is encoded, while
     the position is still among the sinks, and across page starts, against the oracle; and hq_reference's decode

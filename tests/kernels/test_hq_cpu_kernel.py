@@ -1,0 +1,130 @@
+"""The fused CPU decode kernel over hq-e8-2b pages (ignis_kernels.attention.hq_cpu, hq_cpu.c) at the geometries it
+specialises (SmolLM2's head_dim 64 with GQA 3; Qwen3.5's head_dim 256 with GQA 4 and 6) and generic ones, against
+the float64 oracle of HQ_E8_2B.md §4 (hq_support.oracle) and the torch decode path (hq_decode.py); each row's
+output bit-identical alone and in a batch and at 1 and 2 threads; and the build's fallback to the torch path."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import ignis_kernels.attention as kattn
+from hq_support import decoded, hq_pool, oracle, write_chunks
+from ignis_kernels.attention import hq_cpu, hq_decode
+
+torch.set_num_threads(1)
+
+
+def rel(got, ref):
+    return float((got.double() - ref).abs().max() / ref.abs().max())
+
+
+def _sequences(hkv, d, pt, window, sinks, lens, seed, slots=4):
+    """A pool holding len(lens) sequences on scrambled pages, each written by prefill chunks of up to 70 tokens
+    plus one decode step -> (kv, fmt, plan, ring, [(k, v, pages)])."""
+    kv, st, fmt = hq_pool(hkv=hkv, d=d, pt=pt, window=window, sinks=sinks, pages=sum(-(-n // pt) for n in lens) + 2,
+                          slots=slots)
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.randperm(kv.num_pages, generator=g).tolist()
+    seqs = []
+    for i, n in enumerate(lens):
+        pages = [pool.pop() for _ in range(-(-n // pt))]
+        k, v = torch.randn(n, hkv, d, generator=g), torch.randn(n, hkv, d, generator=g)
+        st.zero(i)
+        for s in range(0, n - 1, 70):
+            e = min(n - 1, s + 70)
+            write_chunks(kv, st, 0, [(k[s:e], v[s:e], s, pages, i)])
+        seqs.append((k, v, pages))
+    plan, _, ring = write_chunks(kv, st, 0, [(k[n - 1:n], v[n - 1:n], n - 1, pages, i)
+                                             for i, ((k, v, pages), n) in enumerate(zip(seqs, lens))])
+    return kv, fmt, plan, ring, seqs
+
+
+@pytest.mark.parametrize("hkv, g, d, pt, window, sinks, lens", [
+    (3, 3, 64, 64, 128, 1, [1, 64, 200, 700]),       # SmolLM2: specialised (g 3, d 64); before/after the first encode
+    (2, 4, 256, 16, 32, 4, [5, 90, 161]),            # Qwen3.5-like head_dim 256, GQA 4, four sinks
+    (1, 6, 256, 16, 16, 0, [40, 77]),                # GQA 6, no sinks, Wp 1
+    (2, 5, 16, 8, 8, 2, [3, 17, 300]),               # generic (g 5, d 16): the unspecialised loop
+])
+def test_matches_the_oracle_and_the_torch_path(hkv, g, d, pt, window, sinks, lens):
+    assert hq_cpu.available(), hq_cpu.error()
+    kv, fmt, plan, ring, seqs = _sequences(hkv, d, pt, window, sinks, lens, seed=hkv * 31 + d)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(len(lens), hkv * g, d, generator=gen) * 2
+    view = kv.view(0)
+    assert hq_cpu.supports(q, view, ring)
+    got = hq_cpu.hq_decode_attention(q, view, plan.decode_pages, plan.decode_lens, ring)
+    torch_path = hq_decode.hq_decode_attention(q, view, plan.decode_pages, plan.decode_lens, ring)
+    for b, ((k, v, pages), n) in enumerate(zip(seqs, lens)):
+        kh, vh, rk = decoded(kv, 0, pages, n)
+        want = oracle(q[b:b + 1], k, v, kh, vh, rk, n - 1, fmt.exact_window_pages, pt, sinks)
+        assert rel(got[b:b + 1], want) < 2e-5, (b, n)
+        assert rel(torch_path[b:b + 1], want) < 2e-5, (b, n)
+
+
+def test_a_row_is_bit_identical_alone_batched_and_at_any_thread_count():
+    """Each row is computed alone, its split-K partials merged in a fixed order: the same bits in a batch of 3 as
+    alone, and at 1 as at 2 threads."""
+    kv, fmt, plan, ring, seqs = _sequences(3, 64, 64, 128, 1, [150, 900, 1300], seed=2)
+    q = torch.randn(3, 9, 64, generator=torch.Generator().manual_seed(1))
+    view = kv.view(0)
+    batched = hq_cpu.hq_decode_attention(q, view, plan.decode_pages, plan.decode_lens, ring)
+    for b in range(3):
+        one = kattn.ExactRing(ring.k[b:b + 1], ring.v[b:b + 1], ring.sink_k[b:b + 1], ring.sink_v[b:b + 1],
+                              ring.window_pages)
+        alone = hq_cpu.hq_decode_attention(q[b:b + 1], view, plan.decode_pages[b:b + 1],
+                                           plan.decode_lens[b:b + 1], one)
+        assert torch.equal(alone, batched[b:b + 1]), b
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = hq_cpu.hq_decode_attention(q, view, plan.decode_pages, plan.decode_lens, ring)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(two, batched)
+
+
+def test_the_dispatcher_takes_the_kernel_on_the_cpu(monkeypatch):
+    monkeypatch.delenv("IGNIS_HQ_ATTENTION", raising=False)
+    assert kattn.hq_backend(torch.device("cpu")) == "cpu"
+    monkeypatch.setenv("IGNIS_HQ_ATTENTION", "reference")
+    assert kattn.hq_backend(torch.device("cpu")) == "reference"
+
+
+def _fresh(env: dict, tmp_path) -> subprocess.CompletedProcess:
+    code = textwrap.dedent("""
+        import logging, torch
+        logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+        import ignis_kernels.attention as kattn
+        from ignis_kernels.attention import hq_cpu
+        print("backend", kattn.hq_backend(torch.device("cpu")))
+        print("error", hq_cpu.error())
+    """)
+    full = {**os.environ, "IGNIS_KERNEL_CACHE": str(tmp_path / "cache"), **env}
+    full.pop("IGNIS_HQ_ATTENTION", None)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+
+
+def test_without_a_compiler_the_torch_path_serves_and_says_why(tmp_path):
+    r = _fresh({"CC": "/bin/false"}, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "backend reference" in r.stdout
+    assert "could not be built" in r.stdout and "ignis.kernels WARNING" in r.stderr
+    r = _fresh({"IGNIS_HQ_CPU_KERNEL": "0"}, tmp_path)
+    assert "backend reference" in r.stdout and "disabled by IGNIS_HQ_CPU_KERNEL=0" in r.stdout
+
+
+def test_a_build_lands_in_the_cache_once(tmp_path):
+    r = _fresh({}, tmp_path)
+    assert r.returncode == 0 and "backend cpu" in r.stdout, r.stdout + r.stderr
+    cache = tmp_path / "cache"
+    built = sorted(p.name for p in cache.iterdir())
+    assert len(built) == 1 and built[0].startswith("hq_cpu-") and built[0].endswith(".so"), built
+    mtime = (cache / built[0]).stat().st_mtime_ns
+    r = _fresh({}, tmp_path)                       # a second process loads the same file, compiles nothing
+    assert "backend cpu" in r.stdout
+    assert sorted(p.name for p in cache.iterdir()) == built and (cache / built[0]).stat().st_mtime_ns == mtime
