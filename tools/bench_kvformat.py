@@ -63,7 +63,7 @@ def quality(lm, tk, sizes, variants, policies, chunk):
                                     ref=ref)
                 r = res[v]
                 b = "  ".join(f"[{lo},{hi}) {kl:.4f}/{a:.3f}" for lo, hi, kl, a, _ in r["buckets"])
-                print(f"{t:>5} {v:<10} {pol:>6} {BITS.get(v.removesuffix('+c'), 0):>5} {r['kl']:>8.4f} "
+                print(f"{t:>5} {v:<10} {pol:>6} {BITS.get(v.split('+')[0], 0):>5} {r['kl']:>8.4f} "
                       f"{r['top1']:>6.3f}  {b}  ({time.time() - t0:.0f} s)", flush=True)
 
 

@@ -8,8 +8,9 @@ position's next-token distribution is compared with the fp32 cache's: KL(p_fp32 
 agreement, overall and by context-position bucket.
 
 Variants: "fp32", "bf16", "hq-e8-2b" (the real format), and the research baselines of kvq_baselines ("lloyd2",
-"q4_0", "q8_0") under the same window and sinks. A "+c" suffix ("hq-e8-2b+c", "lloyd2+c") turns key/value
-centering on (HQFormat.centering, HQ_E8_2B.md §4.3).
+"q4_0", "q8_0") under the same window, sinks and centering (by default hq-e8-2b's: keys centred). A suffix sets the
+centering (HQFormat.centering, HQ_E8_2B.md §4.3): "+c" keys and values ("hq-e8-2b+c", "lloyd2+c"), "+ck" keys,
+"+c0" none.
 """
 from __future__ import annotations
 
@@ -42,11 +43,16 @@ def license_text(tokens_wanted: int, tokenizer) -> list[int]:
 
 def make_store(spec, variant: str, tokens: int, exact_window: int = 64, exact_sinks: int = 1):
     """(KVStore, StateStore or None) for one sequence of up to `tokens` tokens in `variant` (a name of the module
-    docstring, "+c" for centering). Raises ValueError for an unknown name."""
+    docstring; a suffix sets the centering (HQFormat.centering): "+c" keys and values, "+ck" keys, "+c0" none; without
+    one, hq-e8-2b's default, keys). Raises ValueError for an unknown name."""
     pages = -(-tokens // 64) + 1
-    base, centering = (variant[:-2], True) if variant.endswith("+c") else (variant, None)
+    base, centering = variant, None
+    for suffix, mode in (("+ck", "k"), ("+c0", ""), ("+c", "kv")):
+        if variant.endswith(suffix):
+            base, centering = variant[:-len(suffix)], mode
+            break
     if base in QUANTIZERS:
-        fmt = sim_format(base, exact_window, exact_sinks, bool(centering))
+        fmt = sim_format(base, exact_window, exact_sinks, centering)
         kv = KVStore(fmt, spec, pages, quantizer=QUANTIZERS[base])
     else:
         fmt = get_kv_format(base, exact_window, exact_sinks, centering)

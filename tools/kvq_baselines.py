@@ -37,11 +37,11 @@ class SimFormat(HQFormat):
         return [BufferSpec("uhat", (2, h, d), "float32"), BufferSpec("resid", (2, h), "float32")]
 
 
-def sim_format(name: str, exact_window: int, exact_sinks: int, centering: bool = False) -> SimFormat:
+def sim_format(name: str, exact_window: int, exact_sinks: int, centering: str | bool | None = None) -> SimFormat:
     """The SimFormat of baseline `name` (a key of QUANTIZERS) with hq-e8-2b's window, sink and centering
-    parameters."""
-    return SimFormat(name, "hq-sim", "float32", exact_window=exact_window, exact_sinks=exact_sinks,
-                     centering=centering)
+    parameters (centering None: hq-e8-2b's default, so a baseline runs under the shipped policy)."""
+    kw = {} if centering is None else {"centering": centering}
+    return SimFormat(name, "hq-sim", "float32", exact_window=exact_window, exact_sinks=exact_sinks, **kw)
 
 
 def lloyd2(u: torch.Tensor, signs: torch.Tensor) -> dict[str, torch.Tensor]:

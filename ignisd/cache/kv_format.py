@@ -9,8 +9,8 @@ The dense formats (fp32, bf16) store K and V as they are: page buffers "k" and "
 layer in the format's dtype, and no per-sequence state. hq-e8-2b (HQ_E8_2B.md, `HQFormat`) stores per token and
 layer a 2-bit E8P record per (kind, KV head): "codes" int16 [2, Hkv, d/8], "scale" float32 [2, Hkv], "resid" and
 "norm" float16 [2, Hkv] (index 0 keys, 1 values; 16·d/8 + 8 bytes a head-token, §1.2), and as per-sequence state
-its exact recent window ("kv_window") and exact sinks ("kv_sinks") in the rotated domain (§4.3), and with key/value
-centering on (§4.3 "Key centering") the sequence's centre ("kv_center").
+its exact recent window ("kv_window") and exact sinks ("kv_sinks") in the rotated domain (§4.3), and with key (or
+key/value) centering on (§4.3 "Key centering"; keys by default) the sequence's centre ("kv_center").
 
 Layout, where it differs from HQ_E8_2B.md §1.3: the spec packs each (layer, page) as one 36,864-byte block of
 per-(kind, head) struct-of-arrays sub-blocks; here every field is one pool-wide array [layers, slots, 2, Hkv, ...]
@@ -105,6 +105,9 @@ class KVFormat:
         return self.name
 
 
+CENTERING = ("", "k", "kv")
+"""HQFormat.centering's values: off, keys, keys and values."""
+
 HQ_DEFAULT_WINDOW = 128
 """kv.exact_window's default (tokens): the current page plus the two before it stay exact (HQ_E8_2B.md §4.3)."""
 
@@ -117,23 +120,36 @@ class HQFormat(KVFormat):
     pages before the current one (so between Wp·pt + 1 and (Wp + 1)·pt recent tokens are exact). exact_sinks: the
     first S positions, kept exact for the whole sequence. exact_dtype: the window's storage dtype (float32 on the
     CPU, where activations are fp32; bfloat16 on CUDA, §4.3). page_tokens: tokens per page (the window's unit).
-    centering: key/value centering (§4.3): once page 0 leaves the window, the mean μ of its rotated keys and values
-    at positions [S, pt) (all of page 0 when S >= pt) is the sequence's centre; from then on every stored key and
-    value — encoded pages, the window and the sinks — is x − μ, and attention adds μ_V back to its output (keys need
-    nothing back: q·μ_K is the same for every key of a query, and softmax ignores it). Raises ValueError for a
-    negative window or sink count.
+    centering (§4.3): "k" (the default), "kv" or "" (off). Once page 0 leaves the window, the mean μ of its rotated
+    keys (and, under "kv", values) at positions [S, pt) (all of page 0 when S >= pt) is the sequence's centre; from
+    then on every stored key (value) — encoded pages, the window and the sinks — is x − μ. Keys need nothing back
+    (q·μ_K is the same for every key of a query, and softmax ignores it); under "kv" attention adds μ_V back to its
+    output. Keys only is the default because it measured best (tools/bench_kvformat.py, SmolLM2, W:S 128:1): KL
+    against the fp32 cache 0.0210 / 0.0453 at 1K / 4K against 0.0205 / 0.0531 uncentred and 0.0280 / 0.0545 under
+    "kv", and a passkey at 10 % depth of 4K found 3/3 against 0/3 uncentred (the value centre moves the most
+    between page 0 and later text). True / False are read as "kv" / "". Raises ValueError for a negative window or
+    sink count or another centering.
     """
 
     exact_window: int = HQ_DEFAULT_WINDOW
     exact_sinks: int = 1
     exact_dtype: str = "float32"
     page_tokens: int = 64
-    centering: bool = False
+    centering: str = "k"
 
     def __post_init__(self) -> None:
         if self.exact_window < 0 or self.exact_sinks < 0 or self.page_tokens < 1:
             raise ValueError(f"hq-e8-2b: exact_window {self.exact_window} and exact_sinks {self.exact_sinks} must be "
                              f">= 0")
+        if isinstance(self.centering, bool):
+            object.__setattr__(self, "centering", "kv" if self.centering else "")
+        if self.centering not in CENTERING:
+            raise ValueError(f"hq-e8-2b: centering {self.centering!r}; allowed: {', '.join(map(repr, CENTERING))}")
+
+    @property
+    def centers_values(self) -> bool:
+        """Whether the values are centred too (centering "kv"): attention then adds μ_V back."""
+        return self.centering == "kv"
 
     @property
     def exact_window_pages(self) -> int:
@@ -158,7 +174,7 @@ class HQFormat(KVFormat):
     def seq_state_buffers(self, geom: Geometry) -> list[BufferSpec]:
         """Per state slot: "kv_window" [L, 2, R, Hkv, d] (ring, slot = position % R) and, when exact_sinks > 0,
         "kv_sinks" [L, 2, S, Hkv, d], both rotated, in exact_dtype; with centering, "kv_center" [L, 2, Hkv, d]
-        float32 (the rotated μ_K, μ_V; zero until page 0 leaves the window)."""
+        float32 (the rotated μ_K, μ_V; zero until page 0 leaves the window, μ_V zero unless centering is "kv")."""
         n, h, d = int(geom.n_attention_layers), int(geom.num_kv_heads), int(geom.head_dim)
         out = [BufferSpec("kv_window", (n, 2, self.ring_tokens, h, d), self.exact_dtype)]
         if self.exact_sinks:
@@ -182,9 +198,10 @@ class HQFormat(KVFormat):
 
     @property
     def stamp(self) -> str:
-        """name/w<Wp pages>/s<sinks>[/c]/<exact dtype>/seed<FORMAT_SEED hex> ("/c": centering on): two daemons with
-        another window, sink count, centering or seed keep incompatible images and pages."""
-        c = "/c" if self.centering else ""
+        """name/w<Wp pages>/s<sinks>[/ck | /c]/<exact dtype>/seed<FORMAT_SEED hex> ("/ck": key centering, "/c":
+        key/value centering): two daemons with another window, sink count, centering or seed keep incompatible
+        images and pages."""
+        c = {"": "", "k": "/ck", "kv": "/c"}[self.centering]
         return f"{self.name}/w{self.exact_window_pages}/s{self.exact_sinks}{c}/{self.exact_dtype}/seed6871653832620001"
 
 
@@ -197,10 +214,11 @@ KV_FORMATS: dict[str, KVFormat] = {
 
 
 def get_kv_format(name: str, exact_window: int | None = None, exact_sinks: int | None = None,
-                  centering: bool | None = None) -> KVFormat:
+                  centering: str | bool | None = None) -> KVFormat:
     """Return the KVFormat called `name`; for hq-e8-2b with kv.exact_window (None: HQ_DEFAULT_WINDOW), kv.exact_sinks
-    and kv.centering (None: the format's defaults) applied; the dense formats ignore them. Raises ValueError naming
-    the allowed formats when `name` is unknown, or for a negative window / sink count."""
+    and centering (HQFormat.centering; None: the format's defaults) applied; the dense formats ignore them. Raises
+    ValueError naming the allowed formats when `name` is unknown, or for a negative window / sink count or another
+    centering."""
     try:
         fmt = KV_FORMATS[name]
     except KeyError:

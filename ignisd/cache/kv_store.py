@@ -198,11 +198,14 @@ def _take_ring(win: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, 
     return win.permute(0, 2, 1, 3, 4)[slots[:, None], positions % ring]
 
 
-def _center_mean(x: torch.Tensor, n_sinks: int, pt: int) -> torch.Tensor:
+def _center_mean(x: torch.Tensor, n_sinks: int, pt: int, values: bool) -> torch.Tensor:
     """μ of page 0 (HQFormat.centering): x [pt, 2, Hkv, d] its exact rotated keys/values (window dtype); the float32
-    mean over positions [S, pt) (all pt when S >= pt) -> [2, Hkv, d]."""
+    mean over positions [S, pt) (all pt when S >= pt) -> [2, Hkv, d], μ_V zero unless `values`."""
     lo = n_sinks if n_sinks < pt else 0
-    return x[lo:pt].float().mean(0)
+    mu = x[lo:pt].float().mean(0)
+    if not values:
+        mu[1] = 0
+    return mu
 
 
 def _recenter(t: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
@@ -227,7 +230,8 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
     signs = store.signs[layer]
     win = states.buffer("kv_window")[:, layer]                               # [slots, 2, R, Hkv, d]
     sinks = states.buffer("kv_sinks")[:, layer] if n_sinks else None         # [slots, 2, S, Hkv, d]
-    center = states.buffer("kv_center")[:, layer] if getattr(fmt, "centering", False) else None  # [slots, 2, Hkv, d]
+    center = states.buffer("kv_center")[:, layer] if getattr(fmt, "centering", "") else None  # [slots, 2, Hkv, d]
+    cvals = center is not None and fmt.centers_values                         # μ_V added back by attention
     u = rotate(torch.stack((k, v), dim=1), signs).to(win.dtype)             # [T, 2, Hkv, d], one FWHT for both
     dev = u.device
     enc_rows: list[torch.Tensor] = []
@@ -247,12 +251,12 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
             if e0 == 0:                                                       # page 0 leaves the window now
                 page0 = torch.cat((_take_ring(win, sl, torch.arange(0, min(start, pt), device=dev)[None], ring)[0],
                                    un[:max(0, pt - start)]), dim=0)
-                center[slot] = _center_mean(page0, n_sinks, pt)
+                center[slot] = _center_mean(page0, n_sinks, pt, cvals)
                 win[slot] = _recenter(win[slot], center[slot])
                 if sinks is not None:
                     sinks[slot] = _recenter(sinks[slot], center[slot])
             un = _recenter(un.transpose(0, 1), center[slot]).transpose(0, 1)
-            cv = center[slot, 1].clone()
+            cv = center[slot, 1].clone() if cvals else None
         before = _take_ring(win, sl, torch.arange(lo, start, device=dev)[None], ring)[0]
         full = torch.cat((before, un), dim=0)                                 # positions lo .. end-1
         if e1 > e0:
@@ -274,19 +278,27 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
         rows, slots, pos = plan.decode_rows, plan.decode_slots, plan.decode_lens - 1
         ud = u if not plan.prefill else u.index_select(0, rows)              # all decode: rows are 0 .. B-1
         cv = None
+        pl, sl_ = pos.tolist(), slots.tolist()                               # decisions on ints (B is small)
+        one = len(pl) == 1                                                    # one row: views, no copies
         if center is not None:
-            fix = (pos == (wp + 1) * pt).nonzero()[:, 0]                      # page 0 leaves the window now
-            for i in fix.tolist():
-                s = int(slots[i])
-                center[s] = _center_mean(win[s].transpose(0, 1)[:pt], n_sinks, pt)
+            c0 = (wp + 1) * pt                                                # page 0 leaves the window at c0
+            for i in (i for i, p in enumerate(pl) if p == c0):
+                s = sl_[i]
+                center[s] = _center_mean(win[s].transpose(0, 1)[:pt], n_sinks, pt, cvals)
                 win[s] = _recenter(win[s], center[s])
                 if sinks is not None:
                     sinks[s] = _recenter(sinks[s], center[s])
-            on = (pos >= (wp + 1) * pt)[:, None, None, None]
-            cen = center[slots]                                               # [B, 2, Hkv, d]
-            ud = torch.where(on, _recenter(ud[:, :, None], cen)[:, :, 0], ud)
-            cv = torch.where(on[:, 0], cen[:, 1], torch.zeros_like(cen[:, 1]))
-        pl, sl_ = pos.tolist(), slots.tolist()                               # decisions on ints (B is small)
+            if one:                                                           # Python-int decisions, one op
+                on1 = pl[0] >= c0
+                if on1:
+                    ud = _recenter(ud[:, :, None], center[sl_[0]])[:, :, 0]
+                if cvals:
+                    cv = center[sl_[0]:sl_[0] + 1, 1] if on1 else torch.zeros_like(center[:1, 1])
+            else:
+                on = (pos >= c0)[:, None, None, None]
+                cen = center[slots]                                           # [B, 2, Hkv, d]
+                ud = torch.where(on, _recenter(ud[:, :, None], cen)[:, :, 0], ud)
+                cv = torch.where(on[:, 0], cen[:, 1], torch.zeros_like(cen[:, 1])) if cvals else None
         sel = [i for i, p in enumerate(pl) if p % pt == 0 and p // pt - wp - 1 >= 0]   # a page leaves the window
         if sel:
             si = torch.tensor(sel, device=dev)
@@ -294,7 +306,6 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
             enc_rows.append(_take_ring(win, slots[si], q[:, None] * pt + offs, ring).reshape(-1, *u.shape[1:]))
             page = plan.decode_pages[si, q]
             enc_slots.append((page[:, None] * pt + offs).reshape(-1))
-        one = len(pl) == 1                                                    # one row: views, no copies
         s0 = sl_[0] if one else 0
         if one:
             win[s0, :, pl[0] % ring] = ud[0]

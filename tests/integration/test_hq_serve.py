@@ -60,8 +60,9 @@ def test_smollm_hq_answers_paris_and_reports_the_format(smollm_hq):
     assert "Paris" in r.stdout, r.stdout
     st = settle(smollm_hq)
     assert st["model"]["kv_format"] == "hq-e8-2b" and st["model"]["page_bytes"] == 64 * 4320
-    # the exact window and sink in each live slot: 30 layers × 2 × (192 + 1) tokens × 3 heads × 64 × 4 B
-    assert st["model"]["state_bytes"] == 30 * 2 * 193 * 3 * 64 * 4
+    # the exact window and sink in each live slot, and the centre (μ_K, μ_V; keys centred by default):
+    # 30 layers × 2 × (192 + 1 + 1) × 3 heads × 64 × 4 B
+    assert st["model"]["state_bytes"] == 30 * 2 * (193 + 1) * 3 * 64 * 4
     c = smollm_hq.conn()
     metrics = c.request({"id": "m", "op": "metrics"})["result"]["text"]
     c.close()

@@ -14,9 +14,11 @@ from ignisd.model.attention import AttentionPlan
 from ignisd.model.batch import ForwardBatch, SeqChunk
 
 
-def hq_pool(layers=1, hkv=2, d=16, pt=8, window=8, sinks=2, pages=40, slots=4):
-    """(KVStore, StateStore, HQFormat) of a small geometry: pt-token pages, Wp = ceil(window / pt)."""
-    fmt = HQFormat("hq-e8-2b", "hq-e8-2b", "float32", exact_window=window, exact_sinks=sinks, page_tokens=pt)
+def hq_pool(layers=1, hkv=2, d=16, pt=8, window=8, sinks=2, pages=40, slots=4, centering=""):
+    """(KVStore, StateStore, HQFormat) of a small geometry: pt-token pages, Wp = ceil(window / pt); uncentred unless
+    `centering` (the oracle here reads the stored keys as they are; test_hq_centering.py covers the centre)."""
+    fmt = HQFormat("hq-e8-2b", "hq-e8-2b", "float32", exact_window=window, exact_sinks=sinks, page_tokens=pt,
+                   centering=centering)
     geom = KVGeometry(layers, hkv, d)
     return KVStore(fmt, geom, pages, page_tokens=pt), StateStore(fmt.seq_state_buffers(geom), slots), fmt
 

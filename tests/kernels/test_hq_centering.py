@@ -17,7 +17,7 @@ from ignisd.cache.state_store import StateStore
 torch.set_num_threads(1)
 
 
-def pool(hkv=2, d=16, pt=8, window=8, sinks=2, centering=True, pages=40, slots=4):
+def pool(hkv=2, d=16, pt=8, window=8, sinks=2, centering="kv", pages=40, slots=4):
     fmt = HQFormat("hq-e8-2b", "hq-e8-2b", "float32", exact_window=window, exact_sinks=sinks, page_tokens=pt,
                    centering=centering)
     geom = KVGeometry(1, hkv, d)
@@ -42,15 +42,18 @@ def rel(got, ref):
     (2, 1, 0, 0, [3, 1, 1, 1, 1, 1, 1, 30, 1]),      # Wp 0, no sinks: page 0 leaves at position 8 (a decode step)
     (2, 1, 8, 9, [40, 1]),                            # S >= pt: the centre is the mean of all of page 0
 ])
-def test_centered_attention_matches_the_oracle(hq, hkv, window, sinks, pieces):
+@pytest.mark.parametrize("mode", ["kv", "k"])
+def test_centered_attention_matches_the_oracle(hq, hkv, window, sinks, pieces, mode):
     d, pt = 16, 8
-    kv, st, fmt = pool(hkv=hkv, d=d, window=window, sinks=sinks)
+    kv, st, fmt = pool(hkv=hkv, d=d, window=window, sinks=sinks, centering=mode)
     wp = fmt.exact_window_pages
     ctx = sum(pieces)
     xk, xv, q, g = data(ctx, hkv, d, hq, seed=hq * 10 + window + sinks)
     pages = torch.randperm(kv.num_pages, generator=g)[:-(-ctx // pt)].tolist()
     lo = sinks if sinks < pt else 0
     mu_k, mu_v = xk[lo:pt].double().mean(0), xv[lo:pt].double().mean(0)
+    if mode == "k":                                      # keys only: values stored as they are
+        mu_v = torch.zeros_like(mu_v)
     for start, end, got, kh, vh, rk in run_pieces(kv, st, xk, xv, q, pages, pieces):
         n_enc = fmt.encoded_pages(end) * pt
         centred = n_enc > 0
@@ -63,7 +66,7 @@ def test_centered_attention_matches_the_oracle(hq, hkv, window, sinks, pieces):
         assert rel(got, want) < 2e-5, (start, end)
 
 
-def _write_all(pieces, centering=True, seed=9):
+def _write_all(pieces, centering="kv", seed=9):
     kv, st, fmt = pool(centering=centering)
     ctx = sum(pieces)
     xk, xv, _, _ = data(ctx, 2, 16, 4, seed)
@@ -85,7 +88,7 @@ def test_centered_bytes_do_not_depend_on_the_chunking():
 def test_centering_lowers_the_key_error_on_offset_keys():
     errs = {}
     for on in (False, True):
-        kv, st, xk, pages = _write_all([60], centering=on)
+        kv, st, xk, pages = _write_all([60], centering="k" if on else "")
         n = 16 * 2                                            # pages 0..1 encoded at context 60 (Wp 1, pt 8)
         kh, _, _ = decoded(kv, 0, pages, n)
         if on:
@@ -100,4 +103,24 @@ def test_format_fields():
     bufs = {b.name: b for b in fmt.seq_state_buffers(geom)}
     assert bufs["kv_center"].shape == (30, 2, 3, 64) and bufs["kv_center"].dtype == "float32"
     assert fmt.stamp == "hq-e8-2b/w2/s1/c/float32/seed6871653832620001"
-    assert "kv_center" not in {b.name for b in HQFormat("hq-e8-2b", "hq-e8-2b", "float32").seq_state_buffers(geom)}
+    default = HQFormat("hq-e8-2b", "hq-e8-2b", "float32")                 # keys centred by default
+    assert default.centering == "k" and not default.centers_values and "kv_center" in {
+        b.name for b in default.seq_state_buffers(geom)}
+    assert default.stamp == "hq-e8-2b/w2/s1/ck/float32/seed6871653832620001"
+    off = HQFormat("hq-e8-2b", "hq-e8-2b", "float32", centering=False)
+    assert off.centering == "" and off.stamp == "hq-e8-2b/w2/s1/float32/seed6871653832620001"
+    assert "kv_center" not in {b.name for b in off.seq_state_buffers(geom)}
+    with pytest.raises(ValueError, match="centering 'v'"):
+        HQFormat("hq-e8-2b", "hq-e8-2b", "float32", centering="v")
+
+
+def test_key_centering_stores_the_values_as_they_are():
+    """Under "k" the value records and the window's values are those of the uncentred format, byte for byte, and
+    the keys differ (they are stored minus μ_K)."""
+    k_kv, k_st, _, _ = _write_all([50], centering="k")
+    o_kv, o_st, _, _ = _write_all([50], centering="")
+    for name in k_kv.buffer_names:
+        assert torch.equal(k_kv.buffer(name)[:, :, 1], o_kv.buffer(name)[:, :, 1]), name
+    assert not torch.equal(k_kv.buffer("codes")[:, :, 0], o_kv.buffer("codes")[:, :, 0])
+    assert torch.equal(k_st.buffer("kv_window")[:, :, 1], o_st.buffer("kv_window")[:, :, 1])
+    assert not k_st.buffer("kv_center")[:, :, 1].any() and k_st.buffer("kv_center")[:, :, 0].any()

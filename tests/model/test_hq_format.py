@@ -56,7 +56,10 @@ def test_window_parameters():
     assert (f.exact_window_pages, f.ring_tokens, f.exact_sinks) == (1, 128, 4)
     assert get_kv_format("hq-e8-2b").exact_window_pages == 2                 # default 128 tokens
     assert get_kv_format("hq-e8-2b", exact_window=65).exact_window_pages == 2   # page-granular: rounded up
-    assert [b.name for b in get_kv_format("hq-e8-2b", exact_sinks=0).seq_state_buffers(SMOLLM2)] == ["kv_window"]
+    assert [b.name for b in get_kv_format("hq-e8-2b", exact_sinks=0).seq_state_buffers(SMOLLM2)] == ["kv_window",
+                                                                                                     "kv_center"]
+    assert [b.name for b in get_kv_format("hq-e8-2b", exact_sinks=0, centering="").seq_state_buffers(SMOLLM2)] == [
+        "kv_window"]
     assert f.stamp != get_kv_format("hq-e8-2b").stamp
     with pytest.raises(ValueError, match=">= 0"):
         get_kv_format("hq-e8-2b", exact_window=-1)
