@@ -6,119 +6,28 @@ the values un-rotated once) in one call per layer instead of about 45 torch oper
 attention costs its operator count more than its bytes. Each row is computed alone, so a row's output does not
 depend on the batch it is in, nor on the thread count (split-K partials merged in a fixed order).
 
-Build: the C file is compiled with the system C compiler (`$CC`, else `cc`; -O3 -march=native -fopenmp, about a
-second) into the kernel cache ($IGNIS_KERNEL_CACHE, else $XDG_CACHE_HOME/ignis/kernels, else
-~/.cache/ignis/kernels; a temporary directory when none is writable), named by a hash of the source, the compiler
-and the CPU's flags, and written under a temporary name then renamed, so concurrent daemons share one build. The
-library links libgomp by its soname, so it binds to the libgomp torch has already loaded (one OpenMP runtime: a
-second one would double every parallel region's wake-up cost). Where no compiler works, `available()` is False and
-the dispatcher keeps the torch path (hq_decode.py), logging why once.
+Built on first use by ignis_kernels.cbuild (the system C compiler, the kernel cache, OpenMP on the libgomp torch
+already loaded); where it cannot be built, `available()` is False and the dispatcher keeps the torch path
+(hq_decode.py), logging why once. IGNIS_HQ_CPU_KERNEL=0 (or IGNIS_CPU_KERNELS=0) disables it.
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import subprocess
-import tempfile
-import threading
 from pathlib import Path
 
 import torch
 
 from ignis_kernels.attention.hq_decode import word_table
-
-log = logging.getLogger("ignis.kernels")
-
-SOURCE = Path(__file__).with_name("hq_cpu.c")
-FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno")
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_error: str | None = None
+from ignis_kernels.cbuild import Kernel
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _L = ctypes.c_int64
 _ARGTYPES = [_P, _P, ctypes.c_float, _I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _L, _P, _P, _P, _P,
              _P, _P, _L, _L, _L, _P, _P, _L, _L, _L, _P]
-
-
-def cache_dir() -> Path:
-    """Where built kernels go: $IGNIS_KERNEL_CACHE, else $XDG_CACHE_HOME/ignis/kernels, else ~/.cache/ignis/kernels."""
-    if os.environ.get("IGNIS_KERNEL_CACHE"):
-        return Path(os.environ["IGNIS_KERNEL_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ignis" / "kernels"
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return os.uname().machine
-
-
-def _build() -> ctypes.CDLL:
-    """Compile (or find) the library and load it. Raises OSError / subprocess.CalledProcessError."""
-    cc = os.environ.get("CC", "cc")
-    src = SOURCE.read_bytes()
-    ver = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256(src + ver.encode() + " ".join(FLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
-    for d in (cache_dir(), Path(tempfile.gettempdir()) / f"ignis-kernels-{os.getuid()}"):
-        lib = d / f"hq_cpu-{key}.so"
-        if lib.exists():
-            return ctypes.CDLL(str(lib))
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".hq_cpu-", suffix=".so", dir=d)
-            os.close(fd)
-        except OSError:
-            continue
-        try:
-            subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, check=True)
-            os.replace(tmp, lib)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        return ctypes.CDLL(str(lib))
-    raise OSError(f"no writable kernel cache directory ({cache_dir()} or the temporary directory)")
-
-
-def library() -> ctypes.CDLL | None:
-    """The loaded kernel library, built on the first call; None when it cannot be built (the reason is logged once
-    and kept in `error()`). IGNIS_HQ_CPU_KERNEL=0 disables it."""
-    global _lib, _error
-    if _lib is not None or _error is not None:
-        return _lib
-    with _lock:
-        if _lib is None and _error is None:
-            if os.environ.get("IGNIS_HQ_CPU_KERNEL", "1") == "0":
-                _error = "disabled by IGNIS_HQ_CPU_KERNEL=0"
-                return None
-            try:
-                lib = _build()
-                lib.hq_decode.argtypes = _ARGTYPES
-                lib.hq_decode.restype = ctypes.c_int
-                _lib = lib
-            except (OSError, subprocess.CalledProcessError) as e:
-                detail = getattr(e, "stderr", "") or str(e)
-                _error = f"the fused hq-e8-2b CPU decode kernel could not be built: {detail.strip()[:400]}"
-                log.warning("%s; decode attention uses the torch path", _error)
-    return _lib
-
-
-def available() -> bool:
-    """Whether the fused kernel can run here (builds it on the first call)."""
-    return library() is not None
-
-
-def error() -> str | None:
-    """Why the kernel is unavailable, or None."""
-    return _error
+KERNEL = Kernel(Path(__file__).with_name("hq_cpu.c"), "the fused hq-e8-2b CPU decode kernel",
+                {"hq_decode": (_ARGTYPES, ctypes.c_int)}, "IGNIS_HQ_CPU_KERNEL")
+library, available, error = KERNEL.library, KERNEL.available, KERNEL.error
 
 
 def _f32(t: torch.Tensor) -> bool:
@@ -146,7 +55,7 @@ def hq_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, context
     geometry."""
     lib = library()
     if lib is None:
-        raise RuntimeError(_error or "hq_cpu: kernel unavailable")
+        raise RuntimeError(error() or "hq_cpu: kernel unavailable")
     bsz, hq, d = q.shape
     signs = view.params["signs"].float().contiguous()
     hkv = signs.shape[1]

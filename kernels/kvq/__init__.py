@@ -1,6 +1,7 @@
 """hq-e8-2b codec dispatcher (DESIGN §3 kernels/kvq/, HQ_E8_2B.md §2): checks arguments, then runs the encoder for
 the device — the Triton kernel (triton_codec.py) on CUDA when Triton imports, or anywhere with IGNIS_KVQ=triton
-(e.g. the CPU under TRITON_INTERPRET=1 in the tests); the vectorised torch reference (reference.py) otherwise.
+(e.g. the CPU under TRITON_INTERPRET=1 in the tests); the vectorised torch reference (reference.py) otherwise, whose
+nearest-codeword search runs in the C kernel of e8p_cpu.py on the CPU when it builds there (the same codes).
 Both have one signature and agree code for code except at distance ties (tests/kernels/test_kvq_triton.py).
 
     encode_rotated(u [..., d] float) -> (codes int16 [..., d/8], scale f32 [...], resid f16 [...], norm f16 [...])
@@ -19,7 +20,7 @@ from ignis_kernels.kvq import reference
 from ignis_kernels.kvq.rotation import FORMAT_SEED, layer_signs, rotate, sign_vector, unrotate
 
 __all__ = ["encode_rotated", "decode_rotated", "codewords", "rotate", "unrotate", "sign_vector", "layer_signs",
-           "FORMAT_SEED", "backend"]
+           "FORMAT_SEED", "backend", "encode_kernel"]
 
 decode_rotated = reference.decode_rotated
 codewords = reference.codewords
@@ -34,6 +35,17 @@ def backend(device: torch.device) -> str:
         from ignis_kernels.kvq import triton_codec
         return "triton" if triton_codec.AVAILABLE else "reference"
     return "reference"
+
+
+def encode_kernel(device: torch.device) -> str:
+    """What encodes pages on `device`, for the vram_plan line: "triton", "cpu (C nearest-codeword kernel)" or
+    "reference (torch; <why the C kernel is not used>)". Builds the C kernel when it is not built yet."""
+    if backend(device) == "triton":
+        return "triton"
+    if device.type != "cpu":
+        return "reference"
+    from ignis_kernels.kvq import e8p_cpu
+    return "cpu (C nearest-codeword kernel)" if e8p_cpu.available() else f"reference (torch; {e8p_cpu.error()})"
 
 
 def encode_rotated(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

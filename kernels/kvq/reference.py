@@ -133,12 +133,18 @@ def _nearest_block(z: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def nearest_codes(z: torch.Tensor) -> torch.Tensor:
+def nearest_codes(z: torch.Tensor, fused: bool = True) -> torch.Tensor:
     """Nearest E8P codeword of each 8-dim chunk (§2.3). z: float [..., 8] (the gained rotated coordinates).
-    Returns int64 [...] unsigned codes in [0, 65536). Any number of chunks; processed in blocks of _BLOCK."""
+    Returns int64 [...] unsigned codes in [0, 65536). Any number of chunks. On the CPU the search runs in the C
+    kernel of e8p_cpu.py when it builds here (the same codes, ~25x faster; fused=False keeps the torch form),
+    else in blocks of _BLOCK through _nearest_block."""
     if z.shape[-1] != CHUNK:
         raise ValueError(f"nearest_codes: chunks of {CHUNK} coordinates, got shape {tuple(z.shape)}")
     flat = z.reshape(-1, CHUNK).float()
+    if fused and flat.device.type == "cpu" and flat.shape[0]:
+        from ignis_kernels.kvq import e8p_cpu
+        if e8p_cpu.available():
+            return e8p_cpu.nearest_codes(flat).view(z.shape[:-1])
     out = torch.empty(flat.shape[0], dtype=torch.int64, device=z.device)
     for i in range(0, flat.shape[0], _BLOCK):
         out[i:i + _BLOCK] = _nearest_block(flat[i:i + _BLOCK])

@@ -70,7 +70,8 @@ def test_smollm_hq_answers_paris_and_reports_the_format(smollm_hq):
     plan = next(line for line in smollm_hq.log().splitlines() if "vram_plan" in line)
     assert "kv_format=hq-e8-2b" in plan and "kv_format_why=model.kv_format" in plan and "page_bytes=276480" in plan
     assert "kv_pool_pages=256" in plan and "kv_pool_tokens=16384" in plan
-    assert 'kv_decode_kernel="cpu (fused C kernel)"' in plan or "kv_decode_kernel=cpu (fused C kernel)" in plan, plan
+    assert 'kv_decode_kernel="cpu (fused C kernel)"' in plan, plan
+    assert 'kv_encode_kernel="cpu (C nearest-codeword kernel)"' in plan, plan
 
 
 def _turns(c, daemon, off, system_words):

@@ -1,7 +1,8 @@
 """The fused CPU decode kernel over hq-e8-2b pages (ignis_kernels.attention.hq_cpu, hq_cpu.c) at the geometries it
 specialises (SmolLM2's head_dim 64 with GQA 3; Qwen3.5's head_dim 256 with GQA 4 and 6) and generic ones, against
 the float64 oracle of HQ_E8_2B.md §4 (hq_support.oracle) and the torch decode path (hq_decode.py); each row's
-output bit-identical alone and in a batch and at 1 and 2 threads; and the build's fallback to the torch path."""
+output bit-identical alone and in a batch and at 1 and 2 threads; and the build (ignis_kernels.cbuild) of both C
+kernels (this one and kvq/e8p_cpu.c), its cache and its fallback to the torch paths."""
 from __future__ import annotations
 
 import os
@@ -100,9 +101,13 @@ def _fresh(env: dict, tmp_path) -> subprocess.CompletedProcess:
         import logging, torch
         logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
         import ignis_kernels.attention as kattn
+        import ignis_kernels.kvq as kvq
         from ignis_kernels.attention import hq_cpu
+        from ignis_kernels.kvq import e8p_cpu
         print("backend", kattn.hq_backend(torch.device("cpu")))
         print("error", hq_cpu.error())
+        codes = kvq.encode_rotated(torch.ones(2, 64))[0]               # the torch search when the C one is off
+        print("encoder", e8p_cpu.available(), e8p_cpu.error(), codes.shape)
     """)
     full = {**os.environ, "IGNIS_KERNEL_CACHE": str(tmp_path / "cache"), **env}
     full.pop("IGNIS_HQ_ATTENTION", None)
@@ -112,10 +117,13 @@ def _fresh(env: dict, tmp_path) -> subprocess.CompletedProcess:
 def test_without_a_compiler_the_torch_path_serves_and_says_why(tmp_path):
     r = _fresh({"CC": "/bin/false"}, tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "backend reference" in r.stdout
-    assert "could not be built" in r.stdout and "ignis.kernels WARNING" in r.stderr
+    assert "backend reference" in r.stdout and "encoder False" in r.stdout and "torch.Size([2, 8])" in r.stdout
+    assert "could not be built" in r.stdout and r.stderr.count("ignis.kernels WARNING") == 2, r.stderr
     r = _fresh({"IGNIS_HQ_CPU_KERNEL": "0"}, tmp_path)
     assert "backend reference" in r.stdout and "disabled by IGNIS_HQ_CPU_KERNEL=0" in r.stdout
+    assert "encoder True" in r.stdout
+    r = _fresh({"IGNIS_CPU_KERNELS": "0"}, tmp_path)
+    assert "backend reference" in r.stdout and "encoder False disabled by IGNIS_CPU_KERNELS=0" in r.stdout
 
 
 def test_a_build_lands_in_the_cache_once(tmp_path):
@@ -123,8 +131,9 @@ def test_a_build_lands_in_the_cache_once(tmp_path):
     assert r.returncode == 0 and "backend cpu" in r.stdout, r.stdout + r.stderr
     cache = tmp_path / "cache"
     built = sorted(p.name for p in cache.iterdir())
-    assert len(built) == 1 and built[0].startswith("hq_cpu-") and built[0].endswith(".so"), built
-    mtime = (cache / built[0]).stat().st_mtime_ns
-    r = _fresh({}, tmp_path)                       # a second process loads the same file, compiles nothing
+    assert [b.split("-")[0] for b in built] == ["e8p_cpu", "hq_cpu"] and all(b.endswith(".so") for b in built), built
+    mtimes = [(cache / b).stat().st_mtime_ns for b in built]
+    r = _fresh({}, tmp_path)                       # a second process loads the same files, compiles nothing
     assert "backend cpu" in r.stdout
-    assert sorted(p.name for p in cache.iterdir()) == built and (cache / built[0]).stat().st_mtime_ns == mtime
+    assert sorted(p.name for p in cache.iterdir()) == built
+    assert [(cache / b).stat().st_mtime_ns for b in built] == mtimes

@@ -103,17 +103,42 @@ def test_encoder_test_vector_and_brute_force():
         assert bool(((got - brute.double()).abs() <= tol).all()), sigma          # the same distance
 
 
-def test_certified_fast_path_equals_the_literal_scan():
-    """The certified search returns exactly the spec's scan (exhaustive_codes), including on ties (zero chunks,
-    codewords themselves, a coarse grid) that it hands to the scan."""
+@pytest.mark.parametrize("fused", [True, False])
+def test_certified_fast_path_equals_the_literal_scan(fused):
+    """The certified search (the C kernel of e8p_cpu.py, and the torch form) returns exactly the spec's scan
+    (exhaustive_codes), including on ties (zero chunks, codewords themselves, a coarse grid, midpoints of two
+    codewords) that it hands to the scan."""
+    if fused:
+        from ignis_kernels.kvq import e8p_cpu
+        assert e8p_cpu.available(), e8p_cpu.error()
     g = torch.Generator().manual_seed(3)
-    for z in (torch.randn(3000, 8, generator=g) * 1.04, torch.zeros(10, 8), cb.decode_table()[::37],
-              torch.randint(-6, 7, (2000, 8), generator=g).float() / 4):
-        assert torch.equal(R.nearest_codes(z), R.exhaustive_codes(z.float()))
+    dec = cb.decode_table()
+    mid = (dec[::41][:1500] + dec[torch.randperm(65536, generator=g)[:1500]]) / 2
+    for z in (torch.randn(3000, 8, generator=g) * 1.04, torch.zeros(10, 8), dec[::37],
+              torch.randint(-6, 7, (2000, 8), generator=g).float() / 4, mid, torch.randn(500, 8, generator=g) * 1e4,
+              torch.randn(500, 8, generator=g) * 1e-6):
+        assert torch.equal(R.nearest_codes(z, fused=fused), R.exhaustive_codes(z.float()))
 
 
-def test_every_codeword_is_its_own_nearest_neighbour():
-    assert torch.equal(R.nearest_codes(cb.decode_table()), torch.arange(65536))
+@pytest.mark.parametrize("fused", [True, False])
+def test_every_codeword_is_its_own_nearest_neighbour(fused):
+    assert torch.equal(R.nearest_codes(cb.decode_table(), fused=fused), torch.arange(65536))
+
+
+def test_the_c_search_is_the_torch_search_at_any_thread_count():
+    """e8p_cpu's codes equal the torch form's on 200,000 Gaussian chunks, at 1 and 2 threads."""
+    from ignis_kernels.kvq import e8p_cpu
+    z = torch.randn(200_000, 8, generator=torch.Generator().manual_seed(8)) * 1.04
+    want = R.nearest_codes(z, fused=False)
+    assert torch.equal(e8p_cpu.nearest_codes(z), want)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(e8p_cpu.nearest_codes(z), want)
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="chunks"):
+        e8p_cpu.nearest_codes(z[:, :4])
 
 
 def test_round_trip_and_stability():
