@@ -33,6 +33,9 @@ from ignis_kernels.kvq.rotation import fwht
 
 _FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 """torch's CPU flash attention returning each row's log-sum-exp (None where this build lacks it)."""
+FLASH_MASK_ELEMENTS = 8 << 20
+"""Largest additive mask (query rows × keys, float32: 32 MiB) of a prefill chunk's one masked flash-attention call
+on the CPU (_flash_masked); a larger chunk reads its masked pages BLOCK_PAGES at a time instead."""
 BLOCK_PAGES = 16
 """Compressed pages decoded per step of a prefill chunk (1,024 tokens at 64 a page)."""
 DECODE_BLOCK_PAGES = 64
@@ -120,6 +123,14 @@ class _Online:
             self.acc = self.acc + weighted_values(p)
         self.m = m_new
 
+    def merge(self, o: torch.Tensor, lse: torch.Tensor) -> None:
+        """Fold in a normalised partial result o [*, d] over other keys with its log-sum-exp lse [*] (finite)."""
+        m_new = torch.maximum(self.m, lse)
+        alpha, beta = torch.exp(self.m - m_new), torch.exp(lse - m_new)
+        self.l = self.l * alpha + beta
+        self.acc = self.acc * alpha[..., None] + o * beta[..., None]
+        self.m = m_new
+
     def result(self) -> torch.Tensor:
         return self.acc / self.l[..., None]
 
@@ -168,6 +179,18 @@ def hq_paged_attention(q: torch.Tensor, view, page_table: torch.Tensor, start: i
     def flat(fn):                                                   # weighted sum over [Hkv, g, n, m] weights
         return lambda p: fn(p.reshape(hkv, g * n, -1)).view(hkv, g, n, d)
 
+    st = _Online((hkv, g, n), d, dev)
+    n_enc = encoded_pages(ctx, wp, pt)
+    common = min(n_enc, window_start(start, wp, pt) // pt)           # pages every query reads compressed
+    flash = _FLASH_LSE is not None and dev.type == "cpu"
+    if common * pt > sinks and flash:
+        _flash_common(st, qt, qn2, view, page_table[:common], sinks, tau)
+    else:
+        common = 0
+    rest = (n_enc - common) * pt + exact.k.shape[0] + exact.sink_k.shape[0]
+    if flash and g * n * rest <= FLASH_MASK_ELEMENTS:
+        _flash_masked(st, qt, qn2, view, page_table[common:n_enc], common * pt, exact, ppos, wlo, tau)
+        return unrotate_output(st.result().permute(2, 0, 1, 3), signs[1])
     jpos = exact.first + torch.arange(exact.k.shape[0], device=dev)
     keep = (jpos[None, :] <= ppos[:, None]) & (jpos[None, :] >= sinks) & (jpos[None, :] >= wlo[:, None])
     ek, ev = exact.k.float().transpose(0, 1), exact.v.float().transpose(0, 1)    # [Hkv, m, d]
@@ -177,13 +200,6 @@ def hq_paged_attention(q: torch.Tensor, view, page_table: torch.Tensor, start: i
         sk_, sv_ = exact.sink_k.float().transpose(0, 1), exact.sink_v.float().transpose(0, 1)
         last.append((rows(tau * (qt @ sk_.transpose(-1, -2)), jpos[None, :] <= ppos[:, None]),
                      flat(lambda p: p @ sv_)))
-    st = _Online((hkv, g, n), d, dev)
-    n_enc = encoded_pages(ctx, wp, pt)
-    common = min(n_enc, window_start(start, wp, pt) // pt)           # pages every query reads compressed
-    if common * pt > sinks and _FLASH_LSE is not None and dev.type == "cpu":
-        _flash_common(st, qt, qn2, view, page_table[:common], sinks, tau)
-    else:
-        common = 0
     for p0 in range(common, n_enc, BLOCK_PAGES):
         p1 = min(n_enc, p0 + BLOCK_PAGES)
         ck, sk, rk, cv, sv = decode_pages(view, page_table[p0:p1])  # [Hkv, m, d], [Hkv, m]
@@ -196,6 +212,39 @@ def hq_paged_attention(q: torch.Tensor, view, page_table: torch.Tensor, start: i
         st.add(last)
     o = st.result().permute(2, 0, 1, 3)                              # [n, Hkv, g, d]
     return unrotate_output(o, signs[1])
+
+
+def _flash_masked(st: _Online, qt, qn2, view, pages, p0: int, exact: ExactSpan, ppos, wlo, tau: float) -> None:
+    """Everything a prefill chunk's queries read besides the common compressed pages, in one masked flash-attention
+    call merged into st by its log-sum-exp: the compressed pages some queries read (`pages`, positions from p0;
+    keys [ŝc, resid²] as in _flash_common), the exact span and the sinks (keys [u, 0]), the window rule as an
+    additive mask (0 read, −inf not). Every query reads at least its own exact key, so no row is empty.
+    qt [Hkv, g·n, d] (rows (g, n)), qn2 [Hkv, g·n], ppos / wlo [n] each query's position and first exact position."""
+    hkv, rows, d = qt.shape
+    dev = qt.device
+    ks, vs, keeps = [], [], []
+    if pages.numel():
+        ck, sk, rk, cv, sv = decode_pages(view, pages)                # [Hkv, m, d], [Hkv, m]
+        ks.append(torch.cat((ck * sk[..., None], (rk * rk)[..., None]), -1))
+        vs.append(cv * sv[..., None])
+        jpos = p0 + torch.arange(ck.shape[1], device=dev)
+        keeps.append((jpos[None, :] <= ppos[:, None]) & (jpos[None, :] >= exact.sinks) & (jpos[None, :] < wlo[:, None]))
+    jpos = exact.first + torch.arange(exact.k.shape[0], device=dev)
+    ks.append(torch.nn.functional.pad(exact.k.float().transpose(0, 1), (0, 1)))
+    vs.append(exact.v.float().transpose(0, 1))
+    keeps.append((jpos[None, :] <= ppos[:, None]) & (jpos[None, :] >= exact.sinks) & (jpos[None, :] >= wlo[:, None]))
+    if exact.sink_k.shape[0]:
+        jpos = torch.arange(exact.sink_k.shape[0], device=dev)
+        ks.append(torch.nn.functional.pad(exact.sink_k.float().transpose(0, 1), (0, 1)))
+        vs.append(exact.sink_v.float().transpose(0, 1))
+        keeps.append(jpos[None, :] <= ppos[:, None])
+    kk = torch.cat(ks, 1)
+    vv = torch.nn.functional.pad(torch.cat(vs, 1), (0, 1))
+    keep = torch.cat(keeps, 1)                                        # [n, S]
+    mask = torch.zeros(keep.shape, device=dev).masked_fill_(~keep, -math.inf).repeat(rows // keep.shape[0], 1)
+    qq = torch.cat((qt, (-0.5 * tau / d) * qn2[..., None]), -1)
+    o, lse = _FLASH_LSE(qq[None], kk[None], vv[None], attn_mask=mask, scale=tau)
+    st.merge(o[0, ..., :d].reshape(st.acc.shape), lse[0].reshape(st.m.shape))
 
 
 def _flash_common(st: _Online, qt, qn2, view, pages, sinks: int, tau: float) -> None:

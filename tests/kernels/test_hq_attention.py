@@ -117,10 +117,11 @@ def test_dispatcher_checks_the_exact_part():
 
 @pytest.mark.parametrize("blocks", [1, 2])
 def test_small_page_blocks_match_the_oracle(monkeypatch, blocks):
-    """The online softmax across several compressed blocks (prefill and the torch decode path), against the same
-    oracle."""
+    """The online softmax across several compressed blocks (prefill's block loop, which a chunk too large for one
+    masked flash call takes, and the torch decode path), against the same oracle."""
     from ignis_kernels.attention import hq_decode, hq_reference
     monkeypatch.setattr(hq_reference, "BLOCK_PAGES", blocks)
+    monkeypatch.setattr(hq_reference, "FLASH_MASK_ELEMENTS", 0)   # the block loop, not the one masked flash call
     monkeypatch.setattr(hq_decode, "DECODE_BLOCK_PAGES", blocks)
     monkeypatch.setenv("IGNIS_HQ_ATTENTION", "reference")
     test_prefill_and_decode_match_the_oracle(6, 2, 16, 8, 2, [13, 1, 1, 20, 1, 7, 1, 1, 1], "reference")
