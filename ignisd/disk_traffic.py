@@ -165,6 +165,8 @@ class DiskTraffic:
             self._fault("read", sid, e)
             self.cache.disk_failed(sid, key)
         else:
+            if self.metrics is not None and off is not None:
+                self.metrics.tier_disk_reads_arena.inc()
             if self.cache.bytes_ready(sid, view):
                 if off is not None:
                     self._loans[off], off = (sid, view), None

@@ -329,6 +329,7 @@ def main() -> None:
     a = ap.parse_args()
 
     T = a.tokens
+    load0 = os.getloadavg()[0]
     model = ["--model", a.model] if a.model else []
     base = model + ["--lanes", "1", "--server-threads", str(a.threads)]
     if a.round_prefill_tokens:
@@ -459,6 +460,7 @@ def main() -> None:
         rows.append(("disk", ttft(hit), cached(hit)))
         m1 = metrics(b)
         read_b = m(m1, "ignis_tier_disk_read_bytes_total") - m(m0, "ignis_tier_disk_read_bytes_total")
+        arena1 = m(m1, "ignis_tier_disk_reads_arena_total") - m(m0, "ignis_tier_disk_reads_arena_total")
         read_s = max(hit["timings"]["queue_ms"] / 1e3, 1e-6)
         timed_r = m(m1, "ignis_tier_disk_read_seconds_total") - m(m0, "ignis_tier_disk_read_seconds_total")
         pay_b = m(m1, "ignis_tier_restore_bytes_total", "disk") - m(m0, "ignis_tier_restore_bytes_total", "disk")
@@ -489,6 +491,7 @@ def main() -> None:
         reuse = hit["ignis"]["reuse"]
         after = (reuse["tier"], ttft(hit), cached(hit))
         read2_b = m(m1, "ignis_tier_disk_read_bytes_total") - m(m0, "ignis_tier_disk_read_bytes_total")
+        arena2 = m(m1, "ignis_tier_disk_reads_arena_total") - m(m0, "ignis_tier_disk_reads_arena_total")
         read2_s = max(hit["timings"]["queue_ms"] / 1e3, 1e-6)
         timed_r2 = m(m1, "ignis_tier_disk_read_seconds_total") - m(m0, "ignis_tier_disk_read_seconds_total")
         cold2 = ttft(b2.chat(fork(4), cache_prompt=False))
@@ -539,6 +542,10 @@ def main() -> None:
           "goes back to the host within seconds and a file's page cache filled into it costs several times more); "
           "\"warm\": runs 2, 3, 5, each filling the pages the previous run's unlink just freed. Reads: median of "
           "all 5")
+    print(f"  read into: {'a KV-RAM arena extent' if arena1 else 'the reused read buffer (no arena extent free)'}"
+          f"; after restart: {'a KV-RAM arena extent' if arena2 else 'a read buffer (no arena extent free)'} "
+          f"(ignis_tier_disk_reads_arena); load average at start / end {load0:.2f} / {os.getloadavg()[0]:.2f} "
+          f"on {os.cpu_count()} CPUs (others' work on the box slows every figure)")
     print(f"KV-disk payload → pool        {pay_b / max(pay_s, 1e-9) / MB:>9.0f}          -            -   "
           f"ignis_tier_restore_bytes/seconds (disk)")
     print(f"after restart: read+verify    {dr2:>9.0f}  {raw_r:>9.0f}  {dr2 / raw_r:>10.2f}x   "

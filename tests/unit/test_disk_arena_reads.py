@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 from ignisd.cache.page_pool import IntegrityError
+from ignisd.metrics import Metrics
 from ignisd.request import Request, SamplingParams
 from test_disk_buffers import disk_restores, settle
 from test_transfer import drain, engine_world, request, run_engine
@@ -38,6 +39,7 @@ def arena_of(engine):
 def test_a_kv_disk_read_lands_in_a_free_arena_extent_and_gives_it_back(tmp_path):
     engine, s, want, _ = engine_world(tmp_path, arena_pages=3)
     seen = disk_restores(engine.runner)
+    engine.disk.metrics = Metrics()
 
     async def body(e):
         await to_disk(e, s)
@@ -53,6 +55,7 @@ def test_a_kv_disk_read_lands_in_a_free_arena_extent_and_gives_it_back(tmp_path)
     assert [got for got, _ in seen] == [want, want]     # the file's bytes, bit for bit, both times
     for _, payload in seen:
         assert memoryview(payload).obj is arena_of(engine).obj    # read into the arena, not a new buffer
+    assert "ignis_tier_disk_reads_arena_total 2.0" in engine.disk.metrics.render()
     engine.cache.check_integrity()
 
 
