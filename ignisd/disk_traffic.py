@@ -24,20 +24,26 @@ class DiskTraffic:
 
     cache: the CacheManager. disk: the DiskStore (None: KV-disk off; every method is then a no-op). wake: called when
     a read or write finished (the engine's loop wakes to admit or to run). metrics: ignisd.metrics.Metrics or None.
+    arena: a writable byte memoryview of the whole KV-RAM arena (``HostArena.memory()``), or None: a read goes into
+    a free extent of it when one is large enough (``CacheManager.lend_extent``), else into a reused or new buffer.
     """
 
-    def __init__(self, cache, disk, wake, metrics=None):
+    def __init__(self, cache, disk, wake, metrics=None, arena: memoryview | None = None):
         self.cache = cache
         self.disk = disk
         self.wake = wake
         self.metrics = metrics
+        self.arena = arena
         self._tasks: dict[str, asyncio.Task] = {}     # state id -> its latest write or read in flight
         self._running: set[asyncio.Task] = set()      # every one in flight (a live sequence evicted again can have an
                                                       # older file's write still landing)
         # read buffers: a fresh one costs its page faults (on these VMs memory not touched lately fills at ~1-2 GB/s,
         # a warm buffer at ~15 GB/s), so the largest buffer that no restore can read any more (that of a finished
         # restore, or the bytes of a written file) is kept for the next read
+        # the best read target is an arena extent: allocated and touched (mlock'ed) at load, so even the first read
+        # after a restart pays no page faults; it is lent only while a restore can read it
         self._lent: dict[str, tuple[object, memoryview]] = {}   # state id -> (buffer, the payload view of it)
+        self._loans: dict[int, tuple[str, memoryview]] = {}     # arena offset -> (state id, the payload view of it)
         self._spare = None
 
     @property
@@ -55,6 +61,7 @@ class DiskTraffic:
         """Start reading the files that waiting requests need, and remove the files of dropped states."""
         if self.disk is None:
             return
+        self._reclaim()                     # arena extents no restore needs any more go back at once
         for key in self.cache.take_disk_deletes():
             try:
                 self.disk.delete(key)
@@ -73,9 +80,25 @@ class DiskTraffic:
             return buf
         return bytearray(nbytes)
 
+    def _read_target(self, sid: str, nbytes: int) -> tuple[memoryview, int | None, object]:
+        """Where a read of `nbytes` for `sid` lands: (a byte view of exactly `nbytes`, the arena offset lent for it
+        or None, the buffer under the view when not the arena). An arena extent when one is free, else
+        ``_read_buffer``."""
+        self._reclaim()
+        if self.arena is not None:
+            off = self.cache.lend_extent(sid, nbytes)
+            if off is not None:
+                return self.arena[off:off + nbytes], off, None
+        buf = self._read_buffer(nbytes)
+        return memoryview(buf)[:nbytes], None, buf
+
     def _reclaim(self) -> None:
-        """Keep the largest of the lent buffers that no restore can read any more (``CacheManager.payload_free``)
-        as the spare; let the others go."""
+        """Give back the lent arena extents and keep the largest of the lent buffers that no restore can read any
+        more (``CacheManager.payload_free``), the buffer as the spare; let the other buffers go."""
+        for off, (sid, view) in list(self._loans.items()):
+            if self.cache.payload_free(sid, view):
+                del self._loans[off]
+                self.cache.return_extent(off)
         for sid, (buf, view) in list(self._lent.items()):
             if self.cache.payload_free(sid, view):
                 del self._lent[sid]
@@ -121,27 +144,41 @@ class DiskTraffic:
         if key is None:
             return
         t0 = time.perf_counter()
+        off = None
         try:
             want = self.cache.disk_record(sid)
             if want is None:
                 return
             total = want.pages_bytes + want.image_bytes
-            buf = self._read_buffer(total)                           # one buffer: pages, then the image
-            view = memoryview(buf)[:total]
-            record, _, _ = await self.disk.read(key, into=(view[:want.pages_bytes], view[want.pages_bytes:]))
+            view, off, buf = self._read_target(sid, total)           # one buffer: pages, then the image
+            job = asyncio.ensure_future(self.disk.read(key, into=(view[:want.pages_bytes], view[want.pages_bytes:])))
+            try:
+                record, _, _ = await asyncio.shield(job)
+            except asyncio.CancelledError:
+                if off is not None:          # the read may still be writing into the extent: give it back after
+                    job.add_done_callback(lambda _j, o=off: self.cache.return_extent(o))
+                    off = None
+                raise
             if record != want:
                 raise OSError(f"KV-disk file {key} holds another state than the index says")
         except OSError as e:
             self._fault("read", sid, e)
             self.cache.disk_failed(sid, key)
         else:
+            if self.metrics is not None and off is not None:
+                self.metrics.tier_disk_reads_arena.inc()
             if self.cache.bytes_ready(sid, view):
-                self._lent[sid] = (buf, view)
+                if off is not None:
+                    self._loans[off], off = (sid, view), None
+                else:
+                    self._lent[sid] = (buf, view)
             if self.metrics is not None:
                 self.metrics.tier_disk_reads.inc()
                 self.metrics.tier_disk_read_bytes.inc(total)
                 self.metrics.tier_disk_read_seconds.inc(time.perf_counter() - t0)
         finally:
+            if off is not None:              # not handed to a restore (a fault, or the state went): back at once
+                self.cache.return_extent(off)
             self._settled(sid)
 
     def _retire(self, sid: str, record, payload) -> None:

@@ -36,7 +36,9 @@ class Engine:
         self.metrics = metrics
         self._commands: list = []
         self._wake = asyncio.Event()
-        self.disk = DiskTraffic(self.cache, disk, self._wake.set, metrics)
+        arena = getattr(runner, "arena", None)     # KV-disk reads land in free arena extents (pre-touched memory)
+        self.disk = DiskTraffic(self.cache, disk, self._wake.set, metrics,
+                                arena=arena.memory() if arena is not None and arena.nbytes else None)
         self._counted: dict[str, int] = {}
         self._handles: dict[str, asyncio.Queue] = {}
         self._last_token_at: dict[str, float] = {}

@@ -43,8 +43,8 @@ class Metrics:
     are prefill_tokens. Tiers (DESIGN §4.5), label tier: tier_bytes_used, tier_bytes_total, tier_states (gauges),
     tier_demotions, tier_restores, tier_restore_bytes, tier_restore_seconds (counters); tier_disk_writes,
     tier_disk_write_bytes, tier_disk_write_seconds, tier_disk_reads, tier_disk_read_bytes, tier_disk_read_seconds,
-    tier_disk_errors (counters; the seconds run from a file task's start to its end); live_evictions
-    (label how: moved / recomputed).
+    tier_disk_reads_arena, tier_disk_errors (counters; the seconds run from a file task's start to its end);
+    live_evictions (label how: moved / recomputed).
 
     For llama.cpp / vLLM users: requests_running and requests_waiting (gauges, = lanes_busy and queue_depth),
     kv_usage_ratio (gauge, used / total pages, 0 without a pool), prefix_cache_query_tokens (counter, prompt tokens
@@ -111,6 +111,9 @@ class Metrics:
         self.tier_disk_read_seconds = Counter("ignis_tier_disk_read_seconds",
                                               "Seconds spent reading and verifying KV-disk files (bytes / seconds = "
                                               "read bandwidth).", registry=r)
+        self.tier_disk_reads_arena = Counter("ignis_tier_disk_reads_arena",
+                                             "KV-disk files read back into a free KV-RAM arena extent (memory "
+                                             "touched at load) instead of a read buffer.", registry=r)
         self.tier_disk_errors = Counter("ignis_tier_disk_errors",
                                         "KV-disk faults (no space, I/O error, removed or corrupt file).", registry=r)
         self.live_evictions = Counter("ignis_live_evictions",

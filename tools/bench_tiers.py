@@ -27,10 +27,17 @@ How each figure is obtained (the daemon has no demotion timer; see the notes it 
 - Also the daemon's own timers of the file tasks (``ignis_tier_disk_write_seconds`` / ``read_seconds``: start to
   end of the write, or of the read and its verification), without the client's view around them.
 - Raw: the same number of bytes written to a file in the same directory in 8 MiB pieces with one fsync, then read
-  back, median of 3 (both hot in the page cache unless --cold-cache, which drops the files' pages with
-  posix_fadvise before each read, the daemon's KV-disk files included). The first of the 3 runs is printed too:
-  each later run's file is filled into the pages the previous run's unlink freed, while the daemon's first file
-  takes memory not used lately, which on a VM whose host backs guest memory lazily costs several times more.
+  back twice: into one reused 8 MiB buffer (it stays in the CPU cache) and into one buffer of the file's size,
+  touched before (a restore keeps every byte, so this is the read a restore could at best be; the daemon reads
+  into a free KV-RAM arena extent, memory touched at load). Both hot in the page cache unless --cold-cache, which
+  drops the files' pages with posix_fadvise before each read, the daemon's KV-disk files included. On a VM whose
+  host backs guest memory lazily, freed guest memory goes back to the host within seconds (free page reporting),
+  and a file's page cache filled into memory not used lately costs several times one filled into the pages an
+  unlink just freed. So the write is compared in matched conditions: the daemon's write follows a 5 s pause, and
+  so do raw runs 1 and 4 (the "raw" write figure is their median); runs 2, 3 and 5 each follow an unlinked file
+  (the "warm" figure, printed too). 5 runs: a pause, 3 runs, a pause, the daemon's write, ..., its read, a
+  pause, 2 runs. Every run is printed. Also in-process, the daemon's write code (disk_io.write_file) alternated
+  with a plain write of the same bytes, both warm.
 
 Aims (issue 9, SmolLM2 at 8K): daemon / raw >= 0.8x for each disk figure; TTFT restored from KV-RAM <= 1% and from
 KV-disk <= 3% of cold.
@@ -38,6 +45,7 @@ KV-disk <= 3% of cold.
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import shutil
 import statistics
@@ -54,6 +62,7 @@ from daemon_support import DaemonProc  # noqa: E402
 
 PT = 64
 MB = 1e6
+COLD_S = 5.0      # idle seconds after which freed guest memory is back with the host (free page reporting: ~2 s)
 
 
 def pages_for(n: int) -> int:
@@ -100,8 +109,20 @@ def drop_cache(directory: Path) -> None:
                 os.close(fd)
 
 
-def raw_disk(directory: Path, nbytes: int, cold_cache: bool) -> tuple[float, float]:
-    """Plain sequential write (8 MiB pieces, one fsync) and read of `nbytes` in `directory`: (write MB/s, read MB/s)."""
+def touched_buffer(nbytes: int) -> memoryview:
+    """`nbytes` of anonymous memory, every page written once (so a read into it pays no first-touch faults, like a
+    read into the daemon's KV-RAM arena, which is allocated and mlock'ed at load)."""
+    buf = mmap.mmap(-1, max(nbytes, 1))
+    view = memoryview(buf)[:nbytes]
+    for off in range(0, nbytes, 4096):
+        view[off] = 0
+    return view
+
+
+def raw_disk(directory: Path, nbytes: int, cold_cache: bool, kept: memoryview) -> tuple[float, float, float]:
+    """Plain sequential write (8 MiB pieces, one fsync) and read of `nbytes` in `directory`: (write MB/s, read MB/s
+    into one reused 8 MiB buffer, read MB/s into `kept`: a touched buffer of nbytes that keeps every byte, as a
+    restore must)."""
     path = directory / f".raw-{os.getpid()}"
     piece = os.urandom(8 << 20)
     try:
@@ -116,18 +137,24 @@ def raw_disk(directory: Path, nbytes: int, cold_cache: bool) -> tuple[float, flo
         os.fsync(fd)
         os.close(fd)
         tw = time.perf_counter() - t0
-        if cold_cache:
-            fd = os.open(path, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-        t0 = time.perf_counter()
-        with open(path, "rb", buffering=0) as f:
-            while f.read(8 << 20):
-                pass
-        tr = time.perf_counter() - t0
+        reads = []
+        for into in (None, kept):
+            if cold_cache:
+                fd = os.open(path, os.O_RDONLY)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                os.close(fd)
+            t0 = time.perf_counter()
+            with open(path, "rb", buffering=0) as f:
+                if into is None:
+                    while f.read(8 << 20):
+                        pass
+                else:
+                    for off in range(0, nbytes, 8 << 20):
+                        f.readinto(into[off:off + (8 << 20)])
+            reads.append(time.perf_counter() - t0)
     finally:
         path.unlink(missing_ok=True)
-    return nbytes / tw / MB, nbytes / tr / MB
+    return nbytes / tw / MB, nbytes / reads[0] / MB, nbytes / reads[1] / MB
 
 
 class Run:
@@ -215,16 +242,64 @@ def in_process(a, kvdir: Path, disk_bytes: int, pool_pages: int, n_pages: int) -
             if a.cold_cache:
                 drop_cache(kvdir)
             t0 = time.perf_counter()
-            _, pg, im = store.read_sync(big.stem)
+            rec, pg, im = store.read_sync(big.stem)
             size = len(pg) + len(im)
             out["read_sync"] = size / (time.perf_counter() - t0) / MB
+            into = touched_buffer(size)                  # as the daemon's read into a free arena extent
+            times = []
+            for _ in range(3):
+                if a.cold_cache:
+                    drop_cache(kvdir)
+                t0 = time.perf_counter()
+                store.read_sync(big.stem, into=(into[:rec.pages_bytes], into[rec.pages_bytes:]))
+                times.append(time.perf_counter() - t0)
+            out["read_sync_touched"] = size / min(times) / MB
             data = bytes(pg)
             t0 = time.perf_counter()
             h = payload_hasher()
             h.update(data)
             h.digest()
             out["checksum"] = len(data) / (time.perf_counter() - t0) / MB
+            out["write_file"], out["write_raw"] = write_pairs(kvdir, into)
     return out
+
+
+def write_pairs(directory: Path, data: memoryview, pairs: int = 3) -> tuple[float, float]:
+    """MB/s of ``disk_io.write_file`` (+ rename + directory fsync, as DiskStore.write) and of a plain write (8 MiB
+    pieces, one fsync, directory fsync) of the same bytes from the same touched buffer, alternated back to back
+    (each follows the other's unlinked file): the medians of `pairs` runs each."""
+    from ignisd.cache.disk_io import write_file
+
+    def fsync_dir() -> None:
+        fd = os.open(directory, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+
+    def daemon_code() -> float:
+        tmp, final = directory / ".pair.ignkv.tmp", directory / ".pair.ignkv"
+        t0 = time.perf_counter()
+        write_file(tmp, bytes(64), (data,), 0)
+        os.rename(tmp, final)
+        fsync_dir()
+        dt = time.perf_counter() - t0
+        final.unlink()
+        return data.nbytes / dt / MB
+
+    def plain() -> float:
+        path = directory / ".pair-raw"
+        t0 = time.perf_counter()
+        with open(path, "wb", buffering=0) as f:
+            for off in range(0, data.nbytes, 8 << 20):
+                f.write(data[off:off + (8 << 20)])
+            os.fsync(f.fileno())
+        fsync_dir()
+        dt = time.perf_counter() - t0
+        path.unlink()
+        return data.nbytes / dt / MB
+
+    plain()                                              # the first file takes memory not used lately
+    runs = [(daemon_code(), plain()) for _ in range(pairs)]
+    return statistics.median(d for d, _ in runs), statistics.median(r for _, r in runs)
 
 
 def wait_quiet(b: Bench, d: DaemonProc, quiet_s: float = 0.3, timeout: float = 120) -> None:
@@ -254,6 +329,7 @@ def main() -> None:
     a = ap.parse_args()
 
     T = a.tokens
+    load0 = os.getloadavg()[0]
     model = ["--model", a.model] if a.model else []
     base = model + ["--lanes", "1", "--server-threads", str(a.threads)]
     if a.round_prefill_tokens:
@@ -347,6 +423,12 @@ def main() -> None:
         other = b.conversation_of(min(T // 4, 1000), 2)
         b.chat(other)
         d.wait_idle()
+        # raw runs in both conditions a file's page cache meets on this VM (see the docstring): run 1 after an
+        # idle pause ("cold", as the daemon's write below), runs 2 and 3 right after an unlinked file ("warm")
+        kept = touched_buffer(ck_bytes)
+        time.sleep(COLD_S)
+        raws = [raw_disk(kvdir, ck_bytes, a.cold_cache, kept) for _ in range(3)]
+        time.sleep(COLD_S)
         disk_write_s = disk_write_b = None
         ws0 = m(metrics(b), "ignis_tier_disk_write_seconds_total")
         wb0 = m(metrics(b), "ignis_tier_disk_write_bytes_total")
@@ -378,14 +460,19 @@ def main() -> None:
         rows.append(("disk", ttft(hit), cached(hit)))
         m1 = metrics(b)
         read_b = m(m1, "ignis_tier_disk_read_bytes_total") - m(m0, "ignis_tier_disk_read_bytes_total")
+        arena1 = m(m1, "ignis_tier_disk_reads_arena_total") - m(m0, "ignis_tier_disk_reads_arena_total")
         read_s = max(hit["timings"]["queue_ms"] / 1e3, 1e-6)
         timed_r = m(m1, "ignis_tier_disk_read_seconds_total") - m(m0, "ignis_tier_disk_read_seconds_total")
         pay_b = m(m1, "ignis_tier_restore_bytes_total", "disk") - m(m0, "ignis_tier_restore_bytes_total", "disk")
         pay_s = m(m1, "ignis_tier_restore_seconds_total", "disk") - m(m0, "ignis_tier_restore_seconds_total", "disk")
         wait_quiet(b, d)
-        raws = [raw_disk(kvdir, int(read_b or ck_bytes), a.cold_cache) for _ in range(3)]
-        raw_w = statistics.median(w for w, _ in raws)
-        raw_r = statistics.median(x for _, x in raws)
+        time.sleep(COLD_S)
+        raws += [raw_disk(kvdir, ck_bytes, a.cold_cache, kept) for _ in range(2)]
+        raw_w = statistics.median(raws[i][0] for i in (0, 3))            # cold, as the daemon's write
+        raw_ww = statistics.median(raws[i][0] for i in (1, 2, 4))        # warm
+        raw_r = statistics.median(x for _, x, _ in raws)
+        raw_k = statistics.median(x for _, _, x in raws)
+        del kept
     finally:
         t0 = time.perf_counter()
         rc = d.stop()                               # SIGTERM: what is not on KV-disk yet is written
@@ -404,6 +491,7 @@ def main() -> None:
         reuse = hit["ignis"]["reuse"]
         after = (reuse["tier"], ttft(hit), cached(hit))
         read2_b = m(m1, "ignis_tier_disk_read_bytes_total") - m(m0, "ignis_tier_disk_read_bytes_total")
+        arena2 = m(m1, "ignis_tier_disk_reads_arena_total") - m(m0, "ignis_tier_disk_reads_arena_total")
         read2_s = max(hit["timings"]["queue_ms"] / 1e3, 1e-6)
         timed_r2 = m(m1, "ignis_tier_disk_read_seconds_total") - m(m0, "ignis_tier_disk_read_seconds_total")
         cold2 = ttft(b2.chat(fork(4), cache_prompt=False))
@@ -434,25 +522,43 @@ def main() -> None:
     dr = read_b / read_s / MB
     print(f"KV-disk restore (read+verify) {dr:>9.0f}  {raw_r:>9.0f}  {dr / raw_r:>10.2f}x   "
           f"ignis_tier_disk_read_bytes over the hit's queue_ms ({read_b / MB:.1f} MB in {read_s * 1e3:.1f} ms)")
+    print(f"  vs raw read kept whole      {dr:>9.0f}  {raw_k:>9.0f}  {dr / raw_k:>10.2f}x   the raw read into one "
+          f"touched buffer of the file's size (a restore keeps every byte; the 8 MiB raw buffer stays in cache)")
     tw_b, tw_s = timed_w
-    for label, nb, sec, raw in (("  write, daemon's timer", tw_b, tw_s, raw_w), ("  read, daemon's timer", read_b,
-                                timed_r, raw_r), ("  after restart, daemon's", read2_b, timed_r2, raw_r)):
+    dr2 = read2_b / read2_s / MB
+    for label, nb, sec, raw in (("  write, daemon's timer", tw_b, tw_s, raw_w),
+                                ("  write, daemon's, vs warm", tw_b, tw_s, raw_ww),
+                                ("  read, daemon's timer", read_b, timed_r, raw_r),
+                                ("  read, daemon's, vs kept", read_b, timed_r, raw_k),
+                                ("  after restart, daemon's", read2_b, timed_r2, raw_r),
+                                ("  after restart, vs kept", read2_b, timed_r2, raw_k)):
         fig = nb / max(sec, 1e-9) / MB
         print(f"{label:<29} {fig:>9.0f}  {raw:>9.0f}  {fig / raw:>10.2f}x   ignis_tier_disk_(write|read)_bytes / "
               f"_seconds: the file task alone ({nb / MB:.1f} MB in {sec * 1e3:.1f} ms)")
-    print(f"  raw, the first of its 3 runs: write {raws[0][0]:.0f}, read {raws[0][1]:.0f} MB/s (the median above: "
-          f"each later run's file takes the pages the previous one freed; on a VM memory not used lately costs "
-          f"more to fill, for a file's page cache as for a read buffer)")
+    print("  raw runs (write, read 8 MiB, read kept MB/s): " + ", ".join(f"{w:.0f}/{r:.0f}/{k:.0f}"
+          for w, r, k in raws) + f" — after a {COLD_S:.0f} s pause then 2 back to back, before the daemon's "
+          f"write ({COLD_S:.0f} s after them); again after its read: a pause, then 1. Write \"raw\": runs 1 and 4, "
+          "each after a pause like the daemon's write (on a VM whose host backs guest memory lazily, freed memory "
+          "goes back to the host within seconds and a file's page cache filled into it costs several times more); "
+          "\"warm\": runs 2, 3, 5, each filling the pages the previous run's unlink just freed. Reads: median of "
+          "all 5")
+    print(f"  read into: {'a KV-RAM arena extent' if arena1 else 'the reused read buffer (no arena extent free)'}"
+          f"; after restart: {'a KV-RAM arena extent' if arena2 else 'a read buffer (no arena extent free)'} "
+          f"(ignis_tier_disk_reads_arena); load average at start / end {load0:.2f} / {os.getloadavg()[0]:.2f} "
+          f"on {os.cpu_count()} CPUs (others' work on the box slows every figure)")
     print(f"KV-disk payload → pool        {pay_b / max(pay_s, 1e-9) / MB:>9.0f}          -            -   "
           f"ignis_tier_restore_bytes/seconds (disk)")
-    dr2 = read2_b / read2_s / MB
     print(f"after restart: read+verify    {dr2:>9.0f}  {raw_r:>9.0f}  {dr2 / raw_r:>10.2f}x   "
-          f"({read2_b / MB:.1f} MB in {read2_s * 1e3:.1f} ms)")
+          f"({read2_b / MB:.1f} MB in {read2_s * 1e3:.1f} ms; vs raw read kept whole {dr2 / raw_k:.2f}x)")
 
     print(f"in-process, same code:  device→arena (transfer.read_pages) {proc['read_pages']:.0f}, arena→pool "
-          f"(write_pages) {proc['write_pages']:.0f}, KV-disk read+verify (DiskStore.read_sync) "
-          f"{proc.get('read_sync', 0):.0f}, payload checksum (XXH3-128) alone {proc.get('checksum', 0):.0f}, "
-          f"memcpy {proc['memcpy']:.0f}")
+          f"(write_pages) {proc['write_pages']:.0f}, KV-disk read+verify (DiskStore.read_sync) into a new buffer "
+          f"{proc.get('read_sync', 0):.0f}, into touched memory {proc.get('read_sync_touched', 0):.0f}, payload "
+          f"checksum (XXH3-128) alone {proc.get('checksum', 0):.0f}, memcpy {proc['memcpy']:.0f}")
+    if "write_file" in proc:
+        print(f"in-process KV-disk write, alternated with a plain write of the same bytes (each into the pages the "
+              f"other's unlink freed): disk_io.write_file {proc['write_file']:.0f}, plain {proc['write_raw']:.0f} "
+              f"MB/s = {proc['write_file'] / proc['write_raw']:.2f}x")
 
     print(f"\nTTFT of the {fork_tokens}-token turn 2 (ms)    ttft   cached   % of cold   aim")
     print(f"cold (cache_prompt false)        {cold_ms:>8.1f}   {0:>6}   {100:>8.1f}%")

@@ -9,6 +9,7 @@ the sequence's bytes (it is recomputed) instead of dropping a retained state.
 """
 from __future__ import annotations
 
+from ignisd.cache.page_pool import IntegrityError
 from ignisd.cache.tiers import disk_record
 from ignisd.plan import TierMove
 from ignisd.vocab import DEVICE, DISK
@@ -57,6 +58,27 @@ class DiskStates:
             return False
         s = self._state(state_id)
         return s is None or s.pins == 0
+
+    def lend_extent(self, state_id: str, nbytes: int) -> int | None:
+        """Lend a free KV-RAM arena extent of `nbytes` bytes to the KV-disk read of `state_id`: memory allocated and
+        touched (mlock'ed) at load, so a read into it pays no page faults. Returns its byte offset in the arena, or
+        None when there is no arena or no free piece that large (nothing is taken then, and nothing is moved to
+        make room: a read never pushes a state down). The extent counts as held (``check_integrity``) until
+        ``return_extent``; the borrower returns it once ``payload_free`` says no restore can read it."""
+        arena = self.tiers.arena
+        if arena is None or nbytes <= 0:
+            return None
+        off = arena.alloc(nbytes)
+        if off is not None:
+            self._extent_loans[off] = state_id
+        return off
+
+    def return_extent(self, offset: int) -> None:
+        """Give back the extent at arena byte `offset` that ``lend_extent`` lent. Raises IntegrityError when no
+        extent is lent there."""
+        if self._extent_loans.pop(offset, None) is None:
+            raise IntegrityError(f"return of arena offset {offset}, which no KV-disk read borrowed")
+        self.tiers.arena.free(offset)
 
     def bytes_ready(self, state_id: str, payload: bytes) -> bool:
         """The round produced the bytes of `state_id` (a "to_bytes" move) or its KV-disk file was read back and

@@ -41,3 +41,8 @@ class HostArena:
         if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
             raise IndexError(f"arena range [{offset}, {offset + nbytes}) outside [0, {self.nbytes})")
         return self.buf[offset:offset + nbytes]
+
+    def memory(self) -> memoryview:
+        """The whole arena as one writable byte memoryview (format "B", nbytes long; it keeps the memory alive), for
+        code that fills arena bytes without torch (ignisd/disk_traffic.py reads KV-disk files into free extents)."""
+        return memoryview(self.buf.numpy())

@@ -52,6 +52,7 @@ class CacheManager(DiskStates, LiveEviction):
         self.tiers = tiers if tiers is not None else Tiers(None, 0, page_bytes, page_tokens=pool.page_tokens)
         self._loads: set[str] = set()                                    # KV-disk states a waiting request wants
         self._evicted: dict = {}                                         # live seq id -> Evicted (live_eviction)
+        self._extent_loans: dict[int, str] = {}                          # arena offset -> state id (disk_states)
         if retained is not None:
             retained.on_free = self._free_placement
             retained.move_down = lambda s: self.tiers.move_down(self, s)
@@ -352,7 +353,7 @@ class CacheManager(DiskStates, LiveEviction):
         states = self.retained.states() if self.retained is not None else []
         if self.tiers.arena is not None:
             self.tiers.arena.check_integrity([off for st in states for off, _ in st.placement.extents]
-                                             + self._arena_holders())
+                                             + self._arena_holders() + list(self._extent_loans))
         disk = sum(st.placement.disk_bytes for st in states if st.tier == DISK) + self._live_disk_bytes()
         if disk != self.tiers.disk_used:
             raise IntegrityError(f"KV-disk: states and evicted live sequences hold {disk} bytes but "

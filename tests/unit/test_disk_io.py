@@ -105,3 +105,28 @@ def test_into_of_the_wrong_size_or_read_only_is_refused(tmp_path):
                                                                           bytearray(r.image_bytes))]:
         with pytest.raises(ValueError, match="into"):
             disk_io.read_file(path, r.key, into=bad)
+
+
+def test_a_read_into_views_two_ways_equals_the_file_and_stops_both_threads_on_a_short_file(tmp_path, chunk):
+    """The two-thread read (``_read_two_way``, views larger than one chunk) lands every byte in order and checks
+    the one XXH3 of them; a file that ends early raises "truncated" whichever thread meets the end, and only once
+    both threads stopped."""
+    data = hashlib.shake_256(b"two ways").digest(5 * chunk + 33)
+    path = tmp_path / "f"
+    path.write_bytes(b"HEAD" + data)
+    dst = bytearray(len(data))
+    with open(path, "rb") as f:
+        f.read(4)
+        disk_io.read_payload(f, xxhash.xxh3_128(data).digest(), (memoryview(dst)[:7], memoryview(dst)[7:]))
+    assert dst == data
+    with open(path, "rb") as f:
+        f.read(4)
+        with pytest.raises(FormatError, match="payload checksum"):
+            disk_io.read_payload(f, bytes(16), (memoryview(dst),))
+    for cut in (len(data) - 1, chunk + 1, 1):             # the end met by either thread
+        path.write_bytes(b"HEAD" + data[:cut])
+        with open(path, "rb") as f:
+            f.read(4)
+            with pytest.raises(FormatError, match="truncated"):
+                disk_io.read_payload(f, xxhash.xxh3_128(data).digest(), (memoryview(bytearray(len(data))),))
+    assert disk_io._helper("read").submit(lambda: 1).result() == 1     # the helper is free again
