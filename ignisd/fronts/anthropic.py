@@ -159,8 +159,12 @@ class AnthropicFront:
         self.http = http
 
     async def _chat(self, request: web.Request, op_name: str, rid: str):
-        """(body, op, paths): the request body, its chat (or tokenize) op and the Anthropic path of each message."""
+        """(body, op, paths): the request body, its chat (or tokenize) op and the Anthropic path of each message.
+        A generation (op chat) needs max_tokens, as the Messages API requires it (ProtocolError bad_request)."""
         body = await read_json(request, self.http.max_body_bytes)
+        if op_name == "chat" and isinstance(body, dict) and body.get("max_tokens") is None:
+            raise P.ProtocolError("bad_request", "max_tokens: required (the Messages API has no default: the most "
+                                  "tokens to generate, an integer >= 1)", "max_tokens")
         chat, paths = to_chat(body, self.http.strip_billing_header)
         try:
             return body, parse_op(chat, op_name, rid), paths

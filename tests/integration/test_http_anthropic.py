@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import anthropic
 import pytest
-from http_support import HTTP_KEY, anthropic_client, done_line, http_addr, wait_idle
+from http_support import HTTP_KEY, anthropic_client, done_line, http, http_addr, wait_idle
 
 SYSTEM = "You are a travel guide. " + " ".join(["river bridge market"] * 30)
 T0 = {"temperature": 0}   # this SDK has no temperature argument: sent as an extra body field
@@ -128,6 +128,12 @@ def test_bad_bodies_and_refusals(http_llama):
     assert e.value.body["error"]["ignis"]["code"] == "context_length"
     with pytest.raises(anthropic.NotFoundError):
         c.get("/v1/messages/nope", cast_to=object)
+    r = http(http_addr(http_llama)).post("/v1/messages",                  # the Messages API requires max_tokens
+                                         json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and r.json()["error"]["ignis"] == {"code": "bad_request", "field": "max_tokens"}
+    r = http(http_addr(http_llama)).post("/v1/messages/count_tokens",     # ... but counting does not
+                                         json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200 and r.json()["input_tokens"] > 0
 
 
 def test_wrong_key_is_401(http_llama_keyed):
