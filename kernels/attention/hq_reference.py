@@ -224,10 +224,10 @@ def _flash_masked(st: _Online, qt, qn2, view, pages, p0: int, exact: ExactSpan, 
     dev = qt.device
     ks, vs, keeps = [], [], []
     if pages.numel():
-        ck, sk, rk, cv, sv = decode_pages(view, pages)                # [Hkv, m, d], [Hkv, m]
-        ks.append(torch.cat((ck * sk[..., None], (rk * rk)[..., None]), -1))
-        vs.append(cv * sv[..., None])
-        jpos = p0 + torch.arange(ck.shape[1], device=dev)
+        kc, vc = _flash_pages(view, pages, 0)
+        ks.append(kc)
+        vs.append(vc)
+        jpos = p0 + torch.arange(kc.shape[1], device=dev)
         keeps.append((jpos[None, :] <= ppos[:, None]) & (jpos[None, :] >= exact.sinks) & (jpos[None, :] < wlo[:, None]))
     jpos = exact.first + torch.arange(exact.k.shape[0], device=dev)
     ks.append(torch.nn.functional.pad(exact.k.float().transpose(0, 1), (0, 1)))
@@ -242,8 +242,7 @@ def _flash_masked(st: _Online, qt, qn2, view, pages, p0: int, exact: ExactSpan, 
     vv = torch.nn.functional.pad(torch.cat(vs, 1), (0, 1))
     keep = torch.cat(keeps, 1)                                        # [n, S]
     mask = torch.zeros(keep.shape, device=dev).masked_fill_(~keep, -math.inf).repeat(rows // keep.shape[0], 1)
-    qq = torch.cat((qt, (-0.5 * tau / d) * qn2[..., None]), -1)
-    o, lse = _FLASH_LSE(qq[None], kk[None], vv[None], attn_mask=mask, scale=tau)
+    o, lse = _FLASH_LSE(_flash_queries(qt, qn2, tau)[None], kk[None], vv[None], attn_mask=mask, scale=tau)
     st.merge(o[0, ..., :d].reshape(st.acc.shape), lse[0].reshape(st.m.shape))
 
 
@@ -253,15 +252,25 @@ def _flash_common(st: _Online, qt, qn2, view, pages, sinks: int, tau: float) -> 
     τ·[q̃, −½τ‖q‖²/d]·[ŝc, resid²] = τŝ(q̃·c) − ½τ²‖q‖²resid²/d, values ŝc (padded to d + 1). Seeds the online state
     st ([Hkv, g, n]) with the result: m = the rows' log-sum-exp, l = 1, acc = the normalised output.
     qt [Hkv, g·n, d], qn2 [Hkv, g·n]."""
+    kk, vv = _flash_pages(view, pages, sinks)
+    d = vv.shape[-1]
+    o, lse = _FLASH_LSE(_flash_queries(qt, qn2, tau)[None], kk[None],
+                        torch.nn.functional.pad(vv, (0, 1))[None], scale=tau)
+    st.merge(o[0, ..., :d].reshape(st.acc.shape), lse[0].reshape(st.m.shape))   # st is fresh: m = lse, acc = o
+
+
+def _flash_pages(view, pages, cut: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The compressed keys and values of `pages` from position `cut` on, in the flash layout of the variance
+    correction: keys [ŝc, resid²] float32 [Hkv, m, d + 1], values ŝc [Hkv, m, d] (unpadded)."""
     ck, sk, rk, cv, sv = decode_pages(view, pages)                    # [Hkv, m, d], [Hkv, m]
-    d = ck.shape[-1]
-    kk = torch.cat((ck[:, sinks:] * sk[:, sinks:, None], (rk[:, sinks:] ** 2)[..., None]), -1)
-    vv = torch.nn.functional.pad(cv[:, sinks:] * sv[:, sinks:, None], (0, 1))
-    qq = torch.cat((qt, (-0.5 * tau / d) * qn2[..., None]), -1)
-    o, lse = _FLASH_LSE(qq[None], kk[None], vv[None], scale=tau)
-    st.m = lse[0].reshape(st.m.shape)
-    st.l = torch.ones_like(st.m)
-    st.acc = o[0, ..., :d].reshape(st.acc.shape)
+    ck, sk, rk, cv, sv = ck[:, cut:], sk[:, cut:], rk[:, cut:], cv[:, cut:], sv[:, cut:]
+    return torch.cat((ck * sk[..., None], (rk * rk)[..., None]), -1), cv * sv[..., None]
+
+
+def _flash_queries(qt: torch.Tensor, qn2: torch.Tensor, tau: float) -> torch.Tensor:
+    """Query rows qt [Hkv, R, d] with the correction column −½τ‖q‖²/d (qn2 [Hkv, R]): [Hkv, R, d + 1], so that
+    τ·[q̃, −½τ‖q‖²/d]·[ŝc, resid²] = τŝ(q̃·c) − ½τ²‖q‖²resid²/d."""
+    return torch.cat((qt, (-0.5 * tau / qt.shape[-1]) * qn2[..., None]), -1)
 
 
 def hq_paged_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, context_lens: torch.Tensor,
