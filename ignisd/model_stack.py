@@ -31,6 +31,7 @@ from ignisd.edge import Edge
 from ignisd.engine import Engine
 from ignisd.log import get_logger
 from ignisd.model.loader import ModelSource, load_model, open_model
+from ignisd.model.layers import rope_stable_dims
 from ignisd.preflight import (StartupError, check_arena, check_formats, choose_kv_format, context_tokens,
                               mem_available_bytes, plan_pool_pages, read_api_key)
 from ignisd.request import DoneEvent, ErrorEvent, Request, SamplingParams
@@ -120,7 +121,7 @@ class ModelStack:
         tk = self.tokenizer
         self.template = ChatTemplate(tk.chat_template, tk.bos_token, tk.eos_token) if tk.chat_template else None
         pages = plan.pages
-        self.kv = KVStore(fmt, spec, pages, page_tokens=PAGE_TOKENS)
+        self.kv = KVStore(fmt, spec, pages, page_tokens=PAGE_TOKENS, center_dims=rope_stable_dims(spec))
         state_buffers = spec.state_buffers() + fmt.seq_state_buffers(spec)
         pool = PagePool(pages, PAGE_TOKENS)
         self.states, slots, state_bytes = None, None, 0

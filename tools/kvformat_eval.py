@@ -22,6 +22,7 @@ from ignisd.cache.kv_format import get_kv_format
 from ignisd.cache.kv_store import KVStore
 from ignisd.cache.state_store import StateStore
 from ignisd.model.batch import ForwardBatch, SeqChunk
+from ignisd.model.layers import rope_stable_dims
 from kvq_baselines import QUANTIZERS, sim_format
 
 LICENSES = Path("/usr/share/common-licenses")
@@ -53,10 +54,10 @@ def make_store(spec, variant: str, tokens: int, exact_window: int = 64, exact_si
             break
     if base in QUANTIZERS:
         fmt = sim_format(base, exact_window, exact_sinks, centering)
-        kv = KVStore(fmt, spec, pages, quantizer=QUANTIZERS[base])
+        kv = KVStore(fmt, spec, pages, quantizer=QUANTIZERS[base], center_dims=rope_stable_dims(spec))
     else:
         fmt = get_kv_format(base, exact_window, exact_sinks, centering)
-        kv = KVStore(fmt, spec, pages)
+        kv = KVStore(fmt, spec, pages, center_dims=rope_stable_dims(spec))
     buffers = spec.state_buffers() + fmt.seq_state_buffers(spec)      # a hybrid's GDN state + the window
     return kv, (StateStore(buffers, 1) if buffers else None)
 

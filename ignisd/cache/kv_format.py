@@ -106,7 +106,7 @@ class KVFormat:
 
 
 CENTERING = ("", "k", "kv")
-"""HQFormat.centering's values: off, keys, keys and values."""
+"""HQFormat.centering's values: off, keys, keys and values (the default)."""
 
 HQ_DEFAULT_WINDOW = 128
 """kv.exact_window's default (tokens): the current page plus the two before it stay exact (HQ_E8_2B.md §4.3)."""
@@ -120,22 +120,26 @@ class HQFormat(KVFormat):
     pages before the current one (so between Wp·pt + 1 and (Wp + 1)·pt recent tokens are exact). exact_sinks: the
     first S positions, kept exact for the whole sequence. exact_dtype: the window's storage dtype (float32 on the
     CPU, where activations are fp32; bfloat16 on CUDA, §4.3). page_tokens: tokens per page (the window's unit).
-    centering (§4.3): "k" (the default), "kv" or "" (off). Once page 0 leaves the window, the mean μ of its rotated
-    keys (and, under "kv", values) at positions [S, pt) (all of page 0 when S >= pt) is the sequence's centre; from
-    then on every stored key (value) — encoded pages, the window and the sinks — is x − μ. Keys need nothing back
-    (q·μ_K is the same for every key of a query, and softmax ignores it); under "kv" attention adds μ_V back to its
-    output. Keys only is the default because it measured best (tools/bench_kvformat.py, SmolLM2, W:S 128:1): KL
-    against the fp32 cache 0.0210 / 0.0453 at 1K / 4K against 0.0205 / 0.0531 uncentred and 0.0280 / 0.0545 under
-    "kv", and a passkey at 10 % depth of 4K found 3/3 against 0/3 uncentred (the value centre moves the most
-    between page 0 and later text). True / False are read as "kv" / "". Raises ValueError for a negative window or
-    sink count or another centering.
+    centering (§4.3): "kv" (the default), "k" or "" (off). Once page 0 leaves the window, the mean μ of its rotated
+    keys and values (under "k" keys only) at positions [S, pt) (all of page 0 when S >= pt) is the sequence's centre;
+    from then on every stored key and value — encoded pages, the window and the sinks — is x − μ. The key centre
+    is kept only on the dims where RoPE turns it by at most π/3 over the model's context (KVStore.center_dims,
+    ignisd.model.layers.rope_stable_dims: on SmolLM2 14 of 64 dims, on Qwen3.5 the 192 unrotated dims and 14 of the
+    64 rotated ones): elsewhere the mean of post-RoPE keys turns with the position, and a centre from page 0
+    added error to every key far from it. Keys need nothing back (q·μ_K is the same for every key of a query, and
+    softmax ignores it); attention adds μ_V back to its output. Measured (tools/bench_kvformat.py, SmolLM2, W:S
+    128:1, KL / top-1 against the fp32 cache at 1K, 4K): "kv" 0.0192 / 0.939, 0.0453 / 0.902; "k" 0.0156 / 0.942,
+    0.0388 / 0.909; uncentred 0.0205 / 0.924, 0.0531 / 0.881; the centre on every dim ("k") 0.0210 / 0.927,
+    0.0453 / 0.889. "kv" is the default for retrieval: passkey probes (trials of tools/kvformat_passkey.py) found
+    4/4 at 50 % depth of 8K under "kv" against 0/4 under "k". True / False are read as "kv" / "". Raises ValueError
+    for a negative window or sink count or another centering.
     """
 
     exact_window: int = HQ_DEFAULT_WINDOW
     exact_sinks: int = 1
     exact_dtype: str = "float32"
     page_tokens: int = 64
-    centering: str = "k"
+    centering: str = "kv"
 
     def __post_init__(self) -> None:
         if self.exact_window < 0 or self.exact_sinks < 0 or self.page_tokens < 1:
@@ -198,10 +202,10 @@ class HQFormat(KVFormat):
 
     @property
     def stamp(self) -> str:
-        """name/w<Wp pages>/s<sinks>[/ck | /c]/<exact dtype>/seed<FORMAT_SEED hex> ("/ck": key centering, "/c":
-        key/value centering): two daemons with another window, sink count, centering or seed keep incompatible
-        images and pages."""
-        c = {"": "", "k": "/ck", "kv": "/c"}[self.centering]
+        """name/w<Wp pages>/s<sinks>[/ckr | /cr]/<exact dtype>/seed<FORMAT_SEED hex> ("/ckr": key centering, "/cr":
+        key/value centering, the key centre on the RoPE-stable dims; "/ck" and "/c" were the centre on every dim):
+        two daemons with another window, sink count, centering or seed keep incompatible images and pages."""
+        c = {"": "", "k": "/ckr", "kv": "/cr"}[self.centering]
         return f"{self.name}/w{self.exact_window_pages}/s{self.exact_sinks}{c}/{self.exact_dtype}/seed6871653832620001"
 
 

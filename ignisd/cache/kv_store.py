@@ -33,7 +33,7 @@ import torch
 
 import ignis_kernels.kvq as kvq
 from ignis_kernels.attention import ExactRing, ExactSpan, PagedView, window_start
-from ignis_kernels.kvq.rotation import layer_signs, rotate
+from ignis_kernels.kvq.rotation import layer_signs, rotate, unrotate
 from ignisd.cache.kv_format import Geometry, KVFormat, KVGeometry
 from ignisd.vocab import PAGE_TOKENS
 
@@ -48,15 +48,18 @@ class KVStore:
     the model's KV geometry (n_attention_layers, num_kv_heads, head_dim). num_pages: pages in the pool (>= 1).
     page_tokens: tokens per page (>= 1; an exact-window format's own page_tokens). device: torch device.
     quantizer: "hq-sim" only: (u [N, 2, Hkv, d] float32 rotated, the layer's signs [2, Hkv, d]) -> {page buffer
-    name: [N, 2, Hkv, ...]} (a research codec, tools/kvq_baselines.py).
-    Every buffer is zero-initialised. Raises ValueError on a bad count.
+    name: [N, 2, Hkv, ...]} (a research codec, tools/kvq_baselines.py). center_dims: float32 [d] of 0/1, the
+    original-domain dims that keep the key centre under centering (the model's RoPE-stable dims,
+    ignisd.model.layers.rope_stable_dims; the daemon always passes them); None: every dim.
+    Every buffer is zero-initialised. Raises ValueError on a bad count or a center_dims of another length.
     Attributes: format (the KVFormat), kv_format (its name), geometry (KVGeometry), num_pages, page_tokens,
     n_attention_layers, device, exact_window_pages (None for dense), signs (hq: float32 [L, 2, Hkv, d]).
     """
 
     def __init__(self, fmt: KVFormat, geom: Geometry, num_pages: int, page_tokens: int = PAGE_TOKENS,
                  device: str | torch.device = "cpu",
-                 quantizer: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]] | None = None) -> None:
+                 quantizer: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]] | None = None,
+                 center_dims: torch.Tensor | None = None) -> None:
         if num_pages < 1 or page_tokens < 1:
             raise ValueError(f"KVStore needs num_pages >= 1 and page_tokens >= 1, got {num_pages}, {page_tokens}")
         if fmt.tag not in _WRITE_TAGS:
@@ -86,6 +89,13 @@ class KVStore:
             g = self.geometry
             self.signs = torch.stack([layer_signs(i, g.num_kv_heads, g.head_dim) for i in range(g.n_attention_layers)]
                                      ).to(self.device) if g.n_attention_layers else None
+        self.center_dims = None
+        if center_dims is not None:
+            if tuple(center_dims.shape) != (self.geometry.head_dim,):
+                raise ValueError(f"KVStore: center_dims must be [{self.geometry.head_dim}], got "
+                                 f"{list(center_dims.shape)}")
+            if not bool((center_dims == 1).all()):                           # all ones: the plain centre
+                self.center_dims = center_dims.float().to(self.device)
         self._quantize = quantizer or _e8p_fields
         self._views = [PagedView(fmt.tag, {name: t[layer].view(num_pages, page_tokens, *t.shape[2:])
                                            for name, t in self._buffers.items()}, page_tokens,
@@ -198,13 +208,18 @@ def _take_ring(win: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, 
     return win.permute(0, 2, 1, 3, 4)[slots[:, None], positions % ring]
 
 
-def _center_mean(x: torch.Tensor, n_sinks: int, pt: int, values: bool) -> torch.Tensor:
+def _center_mean(x: torch.Tensor, n_sinks: int, pt: int, values: bool, dims: torch.Tensor | None,
+                 signs: torch.Tensor) -> torch.Tensor:
     """μ of page 0 (HQFormat.centering): x [pt, 2, Hkv, d] its exact rotated keys/values (window dtype); the float32
-    mean over positions [S, pt) (all pt when S >= pt) -> [2, Hkv, d], μ_V zero unless `values`."""
+    mean over positions [S, pt) (all pt when S >= pt) -> [2, Hkv, d], μ_V zero unless `values`; μ_K kept only on the
+    original-domain dims where `dims` ([d] 0/1, KVStore.center_dims; None: all) is 1: rotate(unrotate(μ_K)·dims),
+    with the layer's signs [2, Hkv, d]."""
     lo = n_sinks if n_sinks < pt else 0
     mu = x[lo:pt].float().mean(0)
     if not values:
         mu[1] = 0
+    if dims is not None:
+        mu[0] = rotate(unrotate(mu[0], signs[0]) * dims, signs[0])
     return mu
 
 
@@ -251,7 +266,7 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
             if e0 == 0:                                                       # page 0 leaves the window now
                 page0 = torch.cat((_take_ring(win, sl, torch.arange(0, min(start, pt), device=dev)[None], ring)[0],
                                    un[:max(0, pt - start)]), dim=0)
-                center[slot] = _center_mean(page0, n_sinks, pt, cvals)
+                center[slot] = _center_mean(page0, n_sinks, pt, cvals, store.center_dims, signs)
                 win[slot] = _recenter(win[slot], center[slot])
                 if sinks is not None:
                     sinks[slot] = _recenter(sinks[slot], center[slot])
@@ -284,7 +299,8 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
             c0 = (wp + 1) * pt                                                # page 0 leaves the window at c0
             for i in (i for i, p in enumerate(pl) if p == c0):
                 s = sl_[i]
-                center[s] = _center_mean(win[s].transpose(0, 1)[:pt], n_sinks, pt, cvals)
+                center[s] = _center_mean(win[s].transpose(0, 1)[:pt], n_sinks, pt, cvals,
+                                         store.center_dims, signs)
                 win[s] = _recenter(win[s], center[s])
                 if sinks is not None:
                     sinks[s] = _recenter(sinks[s], center[s])

@@ -125,6 +125,25 @@ def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
     raise ValueError(f"rope type {kind!r} is not supported")
 
 
+def rope_stable_dims(spec: ModelSpec, span: int | None = None) -> torch.Tensor:
+    """The head dims where a key centre fixed at the start of a sequence stays valid (hq-e8-2b key centering,
+    HQFormat.centering): float32 [head_dim], 1.0 for a dim whose rotary angle over `span` positions (default
+    spec.context_tokens) is at most π/3, and for the dims RoPE leaves alone (partial rotary: dims >= rotary_dim);
+    0.0 for the others. Rotate-half layout: dims i and i + rotary_dim/2 turn at inv_freq[i] (rope_inv_freq).
+
+    Why π/3: post-RoPE, the local mean of a dim pair turning at ω rad/token has turned by φ = ωΔ after Δ positions,
+    so subtracting the centre measured at the start leaves an offset of |μ|·|1 − e^{iφ}| = 2|μ|·sin(φ/2), less than
+    the |μ| it removes only while φ < π/3. Raises ValueError for a span below 1 (and as rope_inv_freq)."""
+    span = spec.context_tokens if span is None else span
+    if span < 1:
+        raise ValueError(f"rope_stable_dims: span must be >= 1 token, got {span}")
+    half = spec.rotary_dim // 2
+    omega = torch.zeros(spec.head_dim)
+    inv = rope_inv_freq(spec)
+    omega[:half], omega[half:2 * half] = inv, inv
+    return (omega * span <= math.pi / 3).float()
+
+
 class Rotary:
     """Precomputed rotary tables, fp32 [n_positions, rotary_dim], grown (doubling) on demand: cos, and sin signed
     for rotate-half (sin_rot = cat(−sin(f), sin(f)), the sign of rotate_half's first half folded in; apply_rope).

@@ -17,11 +17,16 @@ from ignisd.cache.state_store import StateStore
 torch.set_num_threads(1)
 
 
-def pool(hkv=2, d=16, pt=8, window=8, sinks=2, centering="kv", pages=40, slots=4):
+def pool(hkv=2, d=16, pt=8, window=8, sinks=2, centering="kv", pages=40, slots=4, dims=None):
     fmt = HQFormat("hq-e8-2b", "hq-e8-2b", "float32", exact_window=window, exact_sinks=sinks, page_tokens=pt,
                    centering=centering)
     geom = KVGeometry(1, hkv, d)
-    return KVStore(fmt, geom, pages, page_tokens=pt), StateStore(fmt.seq_state_buffers(geom), slots), fmt
+    return (KVStore(fmt, geom, pages, page_tokens=pt, center_dims=dims), StateStore(fmt.seq_state_buffers(geom), slots),
+            fmt)
+
+
+# a key centre kept on some dims only (KVStore.center_dims, the RoPE-stable dims of a model)
+SOME_DIMS = torch.tensor([1.0 if i in (0, 3, 5, 6, 7, 8, 9, 15) else 0.0 for i in range(16)])
 
 
 def data(ctx, hkv, d, hq, seed, offset=3.0):
@@ -42,10 +47,10 @@ def rel(got, ref):
     (2, 1, 0, 0, [3, 1, 1, 1, 1, 1, 1, 30, 1]),      # Wp 0, no sinks: page 0 leaves at position 8 (a decode step)
     (2, 1, 8, 9, [40, 1]),                            # S >= pt: the centre is the mean of all of page 0
 ])
-@pytest.mark.parametrize("mode", ["kv", "k"])
-def test_centered_attention_matches_the_oracle(hq, hkv, window, sinks, pieces, mode):
+@pytest.mark.parametrize("mode, dims", [("kv", None), ("k", None), ("k", SOME_DIMS), ("kv", SOME_DIMS)])
+def test_centered_attention_matches_the_oracle(hq, hkv, window, sinks, pieces, mode, dims):
     d, pt = 16, 8
-    kv, st, fmt = pool(hkv=hkv, d=d, window=window, sinks=sinks, centering=mode)
+    kv, st, fmt = pool(hkv=hkv, d=d, window=window, sinks=sinks, centering=mode, dims=dims)
     wp = fmt.exact_window_pages
     ctx = sum(pieces)
     xk, xv, q, g = data(ctx, hkv, d, hq, seed=hq * 10 + window + sinks)
@@ -54,6 +59,8 @@ def test_centered_attention_matches_the_oracle(hq, hkv, window, sinks, pieces, m
     mu_k, mu_v = xk[lo:pt].double().mean(0), xv[lo:pt].double().mean(0)
     if mode == "k":                                      # keys only: values stored as they are
         mu_v = torch.zeros_like(mu_v)
+    if dims is not None:                                 # the key centre on those dims only (values: all)
+        mu_k = mu_k * dims.double()
     for start, end, got, kh, vh, rk in run_pieces(kv, st, xk, xv, q, pages, pieces):
         n_enc = fmt.encoded_pages(end) * pt
         centred = n_enc > 0
@@ -102,11 +109,13 @@ def test_format_fields():
     geom = KVGeometry(30, 3, 64)
     bufs = {b.name: b for b in fmt.seq_state_buffers(geom)}
     assert bufs["kv_center"].shape == (30, 2, 3, 64) and bufs["kv_center"].dtype == "float32"
-    assert fmt.stamp == "hq-e8-2b/w2/s1/c/float32/seed6871653832620001"
-    default = HQFormat("hq-e8-2b", "hq-e8-2b", "float32")                 # keys centred by default
-    assert default.centering == "k" and not default.centers_values and "kv_center" in {
+    assert fmt.stamp == "hq-e8-2b/w2/s1/cr/float32/seed6871653832620001"
+    default = HQFormat("hq-e8-2b", "hq-e8-2b", "float32")                 # keys and values centred by default
+    assert default.centering == "kv" and default.centers_values and "kv_center" in {
         b.name for b in default.seq_state_buffers(geom)}
-    assert default.stamp == "hq-e8-2b/w2/s1/ck/float32/seed6871653832620001"
+    assert default.stamp == "hq-e8-2b/w2/s1/cr/float32/seed6871653832620001"
+    keys = HQFormat("hq-e8-2b", "hq-e8-2b", "float32", centering="k")
+    assert not keys.centers_values and keys.stamp == "hq-e8-2b/w2/s1/ckr/float32/seed6871653832620001"
     off = HQFormat("hq-e8-2b", "hq-e8-2b", "float32", centering=False)
     assert off.centering == "" and off.stamp == "hq-e8-2b/w2/s1/float32/seed6871653832620001"
     assert "kv_center" not in {b.name for b in off.seq_state_buffers(geom)}
@@ -124,3 +133,10 @@ def test_key_centering_stores_the_values_as_they_are():
     assert not torch.equal(k_kv.buffer("codes")[:, :, 0], o_kv.buffer("codes")[:, :, 0])
     assert torch.equal(k_st.buffer("kv_window")[:, :, 1], o_st.buffer("kv_window")[:, :, 1])
     assert not k_st.buffer("kv_center")[:, :, 1].any() and k_st.buffer("kv_center")[:, :, 0].any()
+
+
+def test_center_dims_shape_is_checked():
+    fmt = HQFormat("hq-e8-2b", "hq-e8-2b", "float32", exact_window=8, page_tokens=8)
+    with pytest.raises(ValueError, match=r"center_dims must be \[16\]"):
+        KVStore(fmt, KVGeometry(1, 2, 16), 4, page_tokens=8, center_dims=torch.ones(8))
+    assert KVStore(fmt, KVGeometry(1, 2, 16), 4, page_tokens=8, center_dims=torch.ones(16)).center_dims is None
