@@ -30,9 +30,10 @@ How each figure is obtained (the daemon has no demotion timer; see the notes it 
   KV-disk I/O bypasses the page cache (O_DIRECT, cache/disk_io.py; IGNIS_KV_DISK_DIRECT=0 turns it off), so the
   disk is what it is compared with: the same number of bytes written with O_DIRECT from one page-aligned 8 MiB
   buffer + fsync + directory fsync, and that file read back with O_DIRECT into one aligned 8 MiB buffer (also
-  shown: read buffered after posix_fadvise(DONTNEED), i.e. from the disk through readahead). On this VM a read of
-  data written moments before is served faster than one of data written a minute before (the host's cache):
-  the daemon's file is read seconds after its write, the raw file right after its own.
+  shown: read buffered after posix_fadvise(DONTNEED), i.e. from the disk through readahead, right after the
+  O_DIRECT read of the same bytes). The virtual disk is backed by a file on the host, whose cache may serve bytes
+  written or read moments before: the raw reads follow their write (and each other) at once, the daemon's read
+  comes seconds after its write, so the figures of one run vary by up to 2x (every raw run is printed).
 - Raw, page-cache figures (printed as other baselines; they measure guest memory, not the disk): the bytes written
   buffered in 8 MiB pieces with one fsync, then read back twice: into one reused 8 MiB buffer (it stays in the
   CPU cache) and into one buffer of the file's size, touched before (a restore keeps every byte; the daemon reads
@@ -719,7 +720,12 @@ def main() -> None:
     notes.append("KV-RAM demotion has no daemon timer: it is the TTFT difference of two identical requests, so "
                  "it carries their noise (a few ms); KV-disk reads: the queue wait also holds one admission try")
     if not a.cold_cache:
-        notes.append("the KV-disk files and the raw file are read hot from the page cache (--cold-cache drops them)")
+        notes.append("the raw buffered file is read hot from the page cache (--cold-cache drops it); the KV-disk "
+                     "files are read from the disk with O_DIRECT unless IGNIS_KV_DISK_DIRECT=0 (then --cold-cache "
+                     "drops their cache too)")
+    notes.append("a KV-disk read into a read buffer (no arena extent free) that is new or not touched lately pays "
+                 "its first-touch page faults, which on these VMs cost more than the disk; compare the read after "
+                 "restart, into an arena extent")
     for n in notes:
         print("note:", n)
     if not a.dir:
