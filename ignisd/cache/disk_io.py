@@ -57,8 +57,6 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
-import numpy
-
 from ignisd.cache.disk_format import (
     PAYLOAD_ALIGN,
     DiskRecord,
@@ -119,9 +117,15 @@ def _round_up(n: int) -> int:
 
 
 def _aligned(view: memoryview) -> bool:
-    """Whether O_DIRECT can write `view` as it is: its address and length are multiples of PAYLOAD_ALIGN."""
-    return view.nbytes % PAYLOAD_ALIGN == 0 and view.nbytes > 0 and \
-        numpy.frombuffer(view, dtype=numpy.uint8).ctypes.data % PAYLOAD_ALIGN == 0
+    """Whether O_DIRECT can write `view` as it is: its address and length are multiples of PAYLOAD_ALIGN (False
+    without numpy, which tells the address: the control plane may run without it)."""
+    if view.nbytes == 0 or view.nbytes % PAYLOAD_ALIGN:
+        return False
+    try:
+        import numpy
+    except ImportError:
+        return False
+    return numpy.frombuffer(view, dtype=numpy.uint8).ctypes.data % PAYLOAD_ALIGN == 0
 
 
 def _direct_chunk() -> int:
