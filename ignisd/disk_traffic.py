@@ -2,8 +2,9 @@
 
 †: imports no torch. The round that runs a "to_bytes" move hands the state's bytes to `DiskTraffic.written_out`;
 the file is written by a task on the event loop (aiofiles through cache/disk_store.py: temporary name, fsync,
-rename) while the next rounds run, and until it is in place a restore uses the bytes in memory. A waiting request
-whose best match is on KV-disk gets the file read back and verified by `poll` before it is admitted. A fault (no
+rename; the payload with O_DIRECT where the filesystem allows it, cache/disk_io.py) while the next rounds run,
+and until it is in place a restore uses the bytes in memory. A waiting request whose best match is on KV-disk gets
+the file read back and verified by `poll` before it is admitted. A fault (no
 space, an I/O error, a file removed underneath, a corrupt file) drops that state, counts the error, logs one
 warning, and serving goes on. The "live" files of evicted live sequences (cache/live_eviction.py) travel the same
 way, named by their sequence id; a fault there makes the scheduler recompute that sequence.

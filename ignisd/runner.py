@@ -20,6 +20,15 @@ from ignisd.sampling import make_generator, sample_row, token_logprobs
 from ignisd.vocab import DEVICE, RAM
 
 
+def _page_aligned(nbytes: int) -> torch.Tensor:
+    """An uninitialised uint8 host tensor of `nbytes` whose data starts on a 4096-byte boundary: the bytes of a
+    "to_bytes" move go to a KV-disk file, and O_DIRECT writes aligned whole blocks straight from them instead of
+    through a bounce buffer (cache/disk_io.py)."""
+    buf = torch.empty(nbytes + 4096, dtype=torch.uint8)
+    off = -buf.data_ptr() % 4096
+    return buf[off:off + nbytes]
+
+
 def _passes(items: list[PlanItem]) -> list[list[int]]:
     """Split item indices into forward passes holding at most one chunk of any sequence, in order, so a later
     chunk of a sequence runs after the pass that wrote the K/V it attends to."""
@@ -81,10 +90,10 @@ class Runner:
         elif stage:
             buf = self._staging.get(mv.state_id)
             if buf is None:
-                buf = self._staging[mv.state_id] = torch.empty(mv.nbytes, dtype=torch.uint8)
+                buf = self._staging[mv.state_id] = _page_aligned(mv.nbytes)
             dst = buf[mv.dst_offset:mv.dst_offset + pbytes + ibytes]
         else:
-            dst = torch.empty(pbytes + ibytes, dtype=torch.uint8)
+            dst = _page_aligned(pbytes + ibytes)
         if mv.pages:
             transfer.read_pages(self.kv, list(mv.pages), dst)
         elif mv.nbytes and not stage:

@@ -26,18 +26,27 @@ How each figure is obtained (the daemon has no demotion timer; see the notes it 
   restore metrics.)
 - Also the daemon's own timers of the file tasks (``ignis_tier_disk_write_seconds`` / ``read_seconds``: start to
   end of the write, or of the read and its verification), without the client's view around them.
-- Raw: the same number of bytes written to a file in the same directory in 8 MiB pieces with one fsync, then read
-  back twice: into one reused 8 MiB buffer (it stays in the CPU cache) and into one buffer of the file's size,
-  touched before (a restore keeps every byte, so this is the read a restore could at best be; the daemon reads
+- Raw, the aim's baselines: a plain sequential write / read of the same bytes to the same disk. The daemon's
+  KV-disk I/O bypasses the page cache (O_DIRECT, cache/disk_io.py; IGNIS_KV_DISK_DIRECT=0 turns it off), so the
+  disk is what it is compared with: the same number of bytes written with O_DIRECT from one page-aligned 8 MiB
+  buffer + fsync + directory fsync, and that file read back with O_DIRECT into one aligned 8 MiB buffer (also
+  shown: read buffered after posix_fadvise(DONTNEED), i.e. from the disk through readahead, right after the
+  O_DIRECT read of the same bytes). The virtual disk is backed by a file on the host, whose cache may serve bytes
+  written or read moments before: the raw reads follow their write (and each other) at once, the daemon's read
+  comes seconds after its write, so the figures of one run vary by up to 2x (every raw run is printed).
+- Raw, page-cache figures (printed as other baselines; they measure guest memory, not the disk): the bytes written
+  buffered in 8 MiB pieces with one fsync, then read back twice: into one reused 8 MiB buffer (it stays in the
+  CPU cache) and into one buffer of the file's size, touched before (a restore keeps every byte; the daemon reads
   into a free KV-RAM arena extent, memory touched at load). Both hot in the page cache unless --cold-cache, which
   drops the files' pages with posix_fadvise before each read, the daemon's KV-disk files included. On a VM whose
   host backs guest memory lazily, freed guest memory goes back to the host within seconds (free page reporting),
   and a file's page cache filled into memory not used lately costs several times one filled into the pages an
-  unlink just freed. So the write is compared in matched conditions: the daemon's write follows a 5 s pause, and
-  so do raw runs 1 and 4 (the "raw" write figure is their median); runs 2, 3 and 5 each follow an unlinked file
-  (the "warm" figure, printed too). 5 runs: a pause, 3 runs, a pause, the daemon's write, ..., its read, a
-  pause, 2 runs. Every run is printed. Also in-process, the daemon's write code (disk_io.write_file) alternated
-  with a plain write of the same bytes, both warm.
+  unlink just freed: the buffered write after a 5 s pause (raw runs 1 and 4, as the daemon's write, which follows
+  such a pause) is the "paused" figure, runs 2, 3 and 5 (each right after an unlinked file) the "warm" one. 5 runs:
+  a pause, 3 runs, a pause, the daemon's write, ..., its read, a pause, 2 runs. Every run is printed.
+- In-process: the daemon's write code (disk_io.write_file) alternated with a plain write of the same bytes, in each
+  mode against the plain write of that mode (O_DIRECT against O_DIRECT, buffered against buffered, both warm), and
+  DiskStore.read_sync alternated with a plain O_DIRECT read of the same file.
 
 Aims (issue 9, SmolLM2 at 8K): daemon / raw >= 0.8x for each disk figure; TTFT restored from KV-RAM <= 1% and from
 KV-disk <= 3% of cold.
@@ -119,12 +128,23 @@ def touched_buffer(nbytes: int) -> memoryview:
     return view
 
 
-def raw_disk(directory: Path, nbytes: int, cold_cache: bool, kept: memoryview) -> tuple[float, float, float]:
-    """Plain sequential write (8 MiB pieces, one fsync) and read of `nbytes` in `directory`: (write MB/s, read MB/s
-    into one reused 8 MiB buffer, read MB/s into `kept`: a touched buffer of nbytes that keeps every byte, as a
-    restore must)."""
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)          # the daemon renames and fsyncs the directory too
+    os.fsync(fd)
+    os.close(fd)
+
+
+def raw_disk(directory: Path, nbytes: int, cold_cache: bool, kept: memoryview) -> dict[str, float]:
+    """Plain sequential writes and reads of `nbytes` in `directory`, MB/s. Through the page cache (8 MiB pieces,
+    one fsync): "w" the write, "r8" a read into one reused 8 MiB buffer, "rk" a read into `kept` (a touched buffer
+    of nbytes that keeps every byte, as a restore must); both hot in the page cache unless `cold_cache`. Then the
+    disk itself: "dw" the same bytes written with O_DIRECT from one page-aligned 8 MiB buffer (the last piece
+    rounded up to 4096, then ftruncate, as the daemon does), fsync, directory fsync; "dr" that file read back with
+    O_DIRECT into one aligned 8 MiB buffer; "cr" it read buffered into `kept` after posix_fadvise(DONTNEED) (from
+    the disk, through readahead). Without O_DIRECT on this filesystem "dw" / "dr" are 0."""
     path = directory / f".raw-{os.getpid()}"
     piece = os.urandom(8 << 20)
+    out = {}
     try:
         t0 = time.perf_counter()
         with open(path, "wb", buffering=0) as f:
@@ -133,12 +153,9 @@ def raw_disk(directory: Path, nbytes: int, cold_cache: bool, kept: memoryview) -
                 f.write(piece[:min(left, len(piece))])
                 left -= len(piece)
             os.fsync(f.fileno())
-        fd = os.open(directory, os.O_RDONLY)          # the daemon renames and fsyncs the directory too
-        os.fsync(fd)
-        os.close(fd)
-        tw = time.perf_counter() - t0
-        reads = []
-        for into in (None, kept):
+        _fsync_dir(directory)
+        out["w"] = nbytes / (time.perf_counter() - t0) / MB
+        for name, into in (("r8", None), ("rk", kept)):
             if cold_cache:
                 fd = os.open(path, os.O_RDONLY)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -151,10 +168,59 @@ def raw_disk(directory: Path, nbytes: int, cold_cache: bool, kept: memoryview) -
                 else:
                     for off in range(0, nbytes, 8 << 20):
                         f.readinto(into[off:off + (8 << 20)])
-            reads.append(time.perf_counter() - t0)
+            out[name] = nbytes / (time.perf_counter() - t0) / MB
+        path.unlink()
+        out.update(raw_direct(directory, path, nbytes, piece, kept))
     finally:
         path.unlink(missing_ok=True)
-    return nbytes / tw / MB, nbytes / reads[0] / MB, nbytes / reads[1] / MB
+    return out
+
+
+def raw_direct(directory: Path, path: Path, nbytes: int, piece: bytes, kept: memoryview) -> dict[str, float]:
+    """``raw_disk``'s "dw", "dr" and "cr" (the file is left for the caller to remove)."""
+    buf = mmap.mmap(-1, 8 << 20)
+    buf[:] = piece
+    view = memoryview(buf)
+    out = {"dw": 0.0, "dr": 0.0}
+    try:
+        t0 = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o600)
+    except OSError:
+        with open(path, "wb") as f:              # no O_DIRECT here: a file for the cold buffered read
+            for off in range(0, nbytes, 8 << 20):
+                f.write(view[:min(8 << 20, nbytes - off)])
+    else:
+        try:
+            for off in range(0, nbytes, 8 << 20):
+                n = min(8 << 20, nbytes - off)
+                os.pwrite(fd, view[:-(-n // 4096) * 4096], off)
+            os.ftruncate(fd, nbytes)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(directory)
+        out["dw"] = nbytes / (time.perf_counter() - t0) / MB
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            t0 = time.perf_counter()
+            for off in range(0, nbytes, 8 << 20):
+                os.preadv(fd, [view], off)
+            out["dr"] = nbytes / (time.perf_counter() - t0) / MB
+        finally:
+            os.close(fd)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        t0 = time.perf_counter()
+        for off in range(0, nbytes, 8 << 20):
+            os.preadv(fd, [kept[off:off + (8 << 20)]], off)
+        out["cr"] = nbytes / (time.perf_counter() - t0) / MB
+    finally:
+        os.close(fd)
+    view.release()
+    buf.close()
+    return out
 
 
 class Run:
@@ -246,60 +312,114 @@ def in_process(a, kvdir: Path, disk_bytes: int, pool_pages: int, n_pages: int) -
             size = len(pg) + len(im)
             out["read_sync"] = size / (time.perf_counter() - t0) / MB
             into = touched_buffer(size)                  # as the daemon's read into a free arena extent
-            times = []
-            for _ in range(3):
+            times, raw_times = [], []
+            for _ in range(3):                           # alternated with a plain O_DIRECT read of the same file
                 if a.cold_cache:
                     drop_cache(kvdir)
                 t0 = time.perf_counter()
                 store.read_sync(big.stem, into=(into[:rec.pages_bytes], into[rec.pages_bytes:]))
                 times.append(time.perf_counter() - t0)
+                raw_times.append(direct_read_seconds(big))
             out["read_sync_touched"] = size / min(times) / MB
+            out["read_raw_direct"] = big.stat().st_size / min(raw_times) / MB if all(raw_times) else 0.0
             data = bytes(pg)
             t0 = time.perf_counter()
             h = payload_hasher()
             h.update(data)
             h.digest()
             out["checksum"] = len(data) / (time.perf_counter() - t0) / MB
-            out["write_file"], out["write_raw"] = write_pairs(kvdir, into)
+            out.update(write_pairs(kvdir, into))
     return out
 
 
-def write_pairs(directory: Path, data: memoryview, pairs: int = 3) -> tuple[float, float]:
-    """MB/s of ``disk_io.write_file`` (+ rename + directory fsync, as DiskStore.write) and of a plain write (8 MiB
-    pieces, one fsync, directory fsync) of the same bytes from the same touched buffer, alternated back to back
-    (each follows the other's unlinked file): the medians of `pairs` runs each."""
-    from ignisd.cache.disk_io import write_file
-
-    def fsync_dir() -> None:
-        fd = os.open(directory, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-
-    def daemon_code() -> float:
-        tmp, final = directory / ".pair.ignkv.tmp", directory / ".pair.ignkv"
+def direct_read_seconds(path: Path) -> float:
+    """Seconds of a plain O_DIRECT read of the whole file into one aligned 8 MiB buffer (0 without O_DIRECT)."""
+    buf = mmap.mmap(-1, 8 << 20)
+    view = memoryview(buf)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return 0.0
+    try:
         t0 = time.perf_counter()
-        write_file(tmp, bytes(64), (data,), 0)
-        os.rename(tmp, final)
-        fsync_dir()
-        dt = time.perf_counter() - t0
+        for off in range(0, path.stat().st_size, 8 << 20):
+            os.preadv(fd, [view], off)
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        view.release()
+        buf.close()
+
+
+def write_pairs(directory: Path, data: memoryview, pairs: int = 3) -> dict[str, float]:
+    """MB/s of ``disk_io.write_file`` (+ rename + directory fsync, as DiskStore.write) and of a plain write of the
+    same bytes from the same touched buffer (8 MiB pieces, one fsync, directory fsync), alternated back to back
+    (each follows the other's unlinked file), in each I/O mode, like with like: "write_file_direct" (O_DIRECT, the
+    default) against "write_raw_direct" (O_DIRECT straight from the buffer, the last piece through an aligned one),
+    "write_file_buffered" (IGNIS_KV_DISK_DIRECT=0) against "write_raw_buffered". The medians of `pairs` runs each;
+    without O_DIRECT on this filesystem the direct figures are left out."""
+    from ignisd.cache import disk_io
+
+    tail = mmap.mmap(-1, 8 << 20)
+    tail_view = memoryview(tail)
+
+    def daemon_code(direct: bool) -> float:
+        tmp, final = directory / ".pair.ignkv.tmp", directory / ".pair.ignkv"
+        saved = os.environ.get(disk_io.DIRECT_ENV)
+        os.environ[disk_io.DIRECT_ENV] = "1" if direct else "0"
+        try:
+            t0 = time.perf_counter()
+            disk_io.write_file(tmp, bytes(4096), (data,), 0)
+            os.rename(tmp, final)
+            _fsync_dir(directory)
+            dt = time.perf_counter() - t0
+        finally:
+            if saved is None:
+                del os.environ[disk_io.DIRECT_ENV]
+            else:
+                os.environ[disk_io.DIRECT_ENV] = saved
         final.unlink()
         return data.nbytes / dt / MB
 
-    def plain() -> float:
+    def plain(direct: bool) -> float:
         path = directory / ".pair-raw"
         t0 = time.perf_counter()
-        with open(path, "wb", buffering=0) as f:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0), 0o600)
+        try:
             for off in range(0, data.nbytes, 8 << 20):
-                f.write(data[off:off + (8 << 20)])
-            os.fsync(f.fileno())
-        fsync_dir()
+                piece = data[off:off + (8 << 20)]
+                if direct and piece.nbytes % 4096:
+                    n = -(-piece.nbytes // 4096) * 4096
+                    tail_view[:piece.nbytes] = piece
+                    tail_view[piece.nbytes:n] = bytes(n - piece.nbytes)
+                    piece = tail_view[:n]
+                os.pwrite(fd, piece, off)
+            if direct:
+                os.ftruncate(fd, data.nbytes)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(directory)
         dt = time.perf_counter() - t0
         path.unlink()
         return data.nbytes / dt / MB
 
-    plain()                                              # the first file takes memory not used lately
-    runs = [(daemon_code(), plain()) for _ in range(pairs)]
-    return statistics.median(d for d, _ in runs), statistics.median(r for _, r in runs)
+    out = {}
+    try:
+        plain(True)
+    except OSError:
+        modes = ("buffered",)
+    else:
+        modes = ("direct", "buffered")
+    for mode in modes:
+        direct = mode == "direct"
+        plain(direct)                                    # the first file takes memory not used lately
+        runs = [(daemon_code(direct), plain(direct)) for _ in range(pairs)]
+        out[f"write_file_{mode}"] = statistics.median(d for d, _ in runs)
+        out[f"write_raw_{mode}"] = statistics.median(r for _, r in runs)
+    tail_view.release()
+    tail.close()
+    return out
 
 
 def wait_quiet(b: Bench, d: DaemonProc, quiet_s: float = 0.3, timeout: float = 120) -> None:
@@ -468,10 +588,13 @@ def main() -> None:
         wait_quiet(b, d)
         time.sleep(COLD_S)
         raws += [raw_disk(kvdir, ck_bytes, a.cold_cache, kept) for _ in range(2)]
-        raw_w = statistics.median(raws[i][0] for i in (0, 3))            # cold, as the daemon's write
-        raw_ww = statistics.median(raws[i][0] for i in (1, 2, 4))        # warm
-        raw_r = statistics.median(x for _, x, _ in raws)
-        raw_k = statistics.median(x for _, _, x in raws)
+        raw_w = statistics.median(raws[i]["w"] for i in (0, 3))          # buffered, after a pause, as the daemon's
+        raw_ww = statistics.median(raws[i]["w"] for i in (1, 2, 4))      # buffered, warm
+        raw_r = statistics.median(x["r8"] for x in raws)                 # page cache (hot unless --cold-cache)
+        raw_k = statistics.median(x["rk"] for x in raws)
+        raw_dw = statistics.median(x["dw"] for x in raws)                # the disk: O_DIRECT
+        raw_dr = statistics.median(x["dr"] for x in raws)
+        raw_cr = statistics.median(x["cr"] for x in raws)                # the disk, buffered after DONTNEED
         del kept
     finally:
         t0 = time.perf_counter()
@@ -511,54 +634,75 @@ def main() -> None:
     print(f"KV-RAM restore (arena→pool)   {ram_restore_b / max(ram_restore_s, 1e-9) / MB:>9.0f}          -"
           f"            -   ignis_tier_restore_bytes/seconds (ram): {ram_restore_b / MB:.1f} MB in "
           f"{ram_restore_s * 1e3:.2f} ms")
+    def ratio(fig: float, raw: float) -> str:
+        return f"{raw:>9.0f}  {fig / raw:>10.2f}x" if raw else f"{'-':>9}  {'-':>11}"
+
+    tw_b, tw_s = timed_w
+    dr2 = read2_b / read2_s / MB
+    dr = read_b / read_s / MB
+    fig_w = disk_write_b / disk_write_s / MB if disk_write_s else 0.0
+    fig_tw, fig_tr, fig_tr2 = (nb / max(sec, 1e-9) / MB for nb, sec in ((tw_b, tw_s), (read_b, timed_r),
+                                                                      (read2_b, timed_r2)))
+    print("KV-disk, the aim's figures: daemon / a plain sequential write or read of the same bytes to the same disk")
     if disk_write_s:
-        dw = disk_write_b / disk_write_s / MB
-        print(f"KV-disk demote (write)        {dw:>9.0f}  {raw_w:>9.0f}  {dw / raw_w:>10.2f}x   first token of the "
+        print(f"KV-disk demote (write)        {fig_w:>9.0f}  {ratio(fig_w, raw_dw)}   first token of the "
               f"request that pushed it → the file counted written ({disk_write_b / MB:.1f} MB in "
-              f"{disk_write_s * 1e3:.1f} ms)")
+              f"{disk_write_s * 1e3:.1f} ms), vs raw O_DIRECT write + fsync")
     else:
         print("KV-disk demote (write)                -  (the write was not seen: see notes)")
         notes.append("the KV-disk write of the checkpoint was not observed after the request that demoted it")
-    dr = read_b / read_s / MB
-    print(f"KV-disk restore (read+verify) {dr:>9.0f}  {raw_r:>9.0f}  {dr / raw_r:>10.2f}x   "
-          f"ignis_tier_disk_read_bytes over the hit's queue_ms ({read_b / MB:.1f} MB in {read_s * 1e3:.1f} ms)")
-    print(f"  vs raw read kept whole      {dr:>9.0f}  {raw_k:>9.0f}  {dr / raw_k:>10.2f}x   the raw read into one "
-          f"touched buffer of the file's size (a restore keeps every byte; the 8 MiB raw buffer stays in cache)")
-    tw_b, tw_s = timed_w
-    dr2 = read2_b / read2_s / MB
-    for label, nb, sec, raw in (("  write, daemon's timer", tw_b, tw_s, raw_w),
-                                ("  write, daemon's, vs warm", tw_b, tw_s, raw_ww),
-                                ("  read, daemon's timer", read_b, timed_r, raw_r),
-                                ("  read, daemon's, vs kept", read_b, timed_r, raw_k),
-                                ("  after restart, daemon's", read2_b, timed_r2, raw_r),
-                                ("  after restart, vs kept", read2_b, timed_r2, raw_k)):
-        fig = nb / max(sec, 1e-9) / MB
-        print(f"{label:<29} {fig:>9.0f}  {raw:>9.0f}  {fig / raw:>10.2f}x   ignis_tier_disk_(write|read)_bytes / "
-              f"_seconds: the file task alone ({nb / MB:.1f} MB in {sec * 1e3:.1f} ms)")
-    print("  raw runs (write, read 8 MiB, read kept MB/s): " + ", ".join(f"{w:.0f}/{r:.0f}/{k:.0f}"
-          for w, r, k in raws) + f" — after a {COLD_S:.0f} s pause then 2 back to back, before the daemon's "
-          f"write ({COLD_S:.0f} s after them); again after its read: a pause, then 1. Write \"raw\": runs 1 and 4, "
-          "each after a pause like the daemon's write (on a VM whose host backs guest memory lazily, freed memory "
-          "goes back to the host within seconds and a file's page cache filled into it costs several times more); "
-          "\"warm\": runs 2, 3, 5, each filling the pages the previous run's unlink just freed. Reads: median of "
-          "all 5")
+    print(f"  write, daemon's timer       {fig_tw:>9.0f}  {ratio(fig_tw, raw_dw)}   ignis_tier_disk_write_bytes / "
+          f"_seconds: the file task alone ({tw_b / MB:.1f} MB in {tw_s * 1e3:.1f} ms), vs raw O_DIRECT write")
+    print(f"KV-disk restore (read+verify) {dr:>9.0f}  {ratio(dr, raw_dr)}   ignis_tier_disk_read_bytes over the "
+          f"hit's queue_ms ({read_b / MB:.1f} MB in {read_s * 1e3:.1f} ms), vs raw O_DIRECT read")
+    print(f"  read, daemon's timer        {fig_tr:>9.0f}  {ratio(fig_tr, raw_dr)}   ignis_tier_disk_read_bytes / "
+          f"_seconds ({read_b / MB:.1f} MB in {timed_r * 1e3:.1f} ms), vs raw O_DIRECT read")
+    print(f"  after restart, daemon's     {fig_tr2:>9.0f}  {ratio(fig_tr2, raw_dr)}   the same after SIGTERM + a "
+          f"new daemon ({read2_b / MB:.1f} MB in {timed_r2 * 1e3:.1f} ms)")
+    print(f"after restart: read+verify    {dr2:>9.0f}  {ratio(dr2, raw_dr)}   ({read2_b / MB:.1f} MB in "
+          f"{read2_s * 1e3:.1f} ms over the hit's queue_ms)")
+    print("  other baselines, daemon / raw (the page-cache ones measure guest memory, not the disk):")
+    for label, fig, raw, how in (
+            ("  write vs buffered, paused", fig_w, raw_w, "raw buffered write + fsync after a 5 s pause (runs 1, 4)"),
+            ("  write vs buffered, warm", fig_w, raw_ww, "raw buffered write + fsync into freed pages (runs 2, 3, 5)"),
+            ("  timer vs buffered, paused", fig_tw, raw_w, "the daemon's write timer, same raw"),
+            ("  read vs buffered, dropped", dr, raw_cr, "raw buffered read after posix_fadvise(DONTNEED): the disk "
+                                                         "through readahead"),
+            ("  read vs page cache 8 MiB", dr, raw_r, "raw buffered read of a file just written, into one 8 MiB "
+                                                      "buffer" + ("" if a.cold_cache else " (hot page cache)")),
+            ("  read vs page cache kept", dr, raw_k, "the same into a touched buffer of the file's size")):
+        print(f"{label:<29} {fig:>9.0f}  {ratio(fig, raw)}   {how}")
+    print("  raw runs (MB/s; buffered write / page-cache read 8 MiB / read kept | O_DIRECT write / O_DIRECT read / "
+          "buffered read after DONTNEED): " + ", ".join(
+              f"{x['w']:.0f}/{x['r8']:.0f}/{x['rk']:.0f} | {x['dw']:.0f}/{x['dr']:.0f}/{x['cr']:.0f}" for x in raws)
+          + f" — after a {COLD_S:.0f} s pause then 2 back to back, before the daemon's write ({COLD_S:.0f} s after "
+          "them); again after its read: a pause, then 1. Buffered write \"paused\": runs 1 and 4, each after a "
+          "pause like the daemon's write (on a VM whose host backs guest memory lazily, freed memory goes back to "
+          "the host within seconds and a file's page cache filled into it costs several times more); \"warm\": "
+          "runs 2, 3, 5, each filling the pages the previous run's unlink just freed. Others: median of all 5")
     print(f"  read into: {'a KV-RAM arena extent' if arena1 else 'the reused read buffer (no arena extent free)'}"
           f"; after restart: {'a KV-RAM arena extent' if arena2 else 'a read buffer (no arena extent free)'} "
           f"(ignis_tier_disk_reads_arena); load average at start / end {load0:.2f} / {os.getloadavg()[0]:.2f} "
           f"on {os.cpu_count()} CPUs (others' work on the box slows every figure)")
     print(f"KV-disk payload → pool        {pay_b / max(pay_s, 1e-9) / MB:>9.0f}          -            -   "
           f"ignis_tier_restore_bytes/seconds (disk)")
-    print(f"after restart: read+verify    {dr2:>9.0f}  {raw_r:>9.0f}  {dr2 / raw_r:>10.2f}x   "
-          f"({read2_b / MB:.1f} MB in {read2_s * 1e3:.1f} ms; vs raw read kept whole {dr2 / raw_k:.2f}x)")
 
     print(f"in-process, same code:  device→arena (transfer.read_pages) {proc['read_pages']:.0f}, arena→pool "
           f"(write_pages) {proc['write_pages']:.0f}, KV-disk read+verify (DiskStore.read_sync) into a new buffer "
           f"{proc.get('read_sync', 0):.0f}, into touched memory {proc.get('read_sync_touched', 0):.0f}, payload "
           f"checksum (XXH3-128) alone {proc.get('checksum', 0):.0f}, memcpy {proc['memcpy']:.0f}")
-    if "write_file" in proc:
-        print(f"in-process KV-disk write, alternated with a plain write of the same bytes (each into the pages the "
-              f"other's unlink freed): disk_io.write_file {proc['write_file']:.0f}, plain {proc['write_raw']:.0f} "
-              f"MB/s = {proc['write_file'] / proc['write_raw']:.2f}x")
+    if proc.get("read_raw_direct"):
+        print(f"in-process KV-disk read, alternated with a plain O_DIRECT read of the same file into one 8 MiB "
+              f"buffer: DiskStore.read_sync into touched memory {proc['read_sync_touched']:.0f}, plain "
+              f"{proc['read_raw_direct']:.0f} MB/s = {proc['read_sync_touched'] / proc['read_raw_direct']:.2f}x")
+    for mode, how in (("direct", "O_DIRECT (the default)"), ("buffered", "buffered (IGNIS_KV_DISK_DIRECT=0) "
+                                                                          "against a buffered plain write, each "
+                                                                          "into the pages the other's unlink "
+                                                                          "freed")):
+        if f"write_file_{mode}" in proc:
+            fig, raw = proc[f"write_file_{mode}"], proc[f"write_raw_{mode}"]
+            print(f"in-process KV-disk write, alternated with a plain write of the same bytes, {how}: "
+                  f"disk_io.write_file {fig:.0f}, plain {raw:.0f} MB/s = {fig / raw:.2f}x")
 
     print(f"\nTTFT of the {fork_tokens}-token turn 2 (ms)    ttft   cached   % of cold   aim")
     print(f"cold (cache_prompt false)        {cold_ms:>8.1f}   {0:>6}   {100:>8.1f}%")
@@ -576,7 +720,12 @@ def main() -> None:
     notes.append("KV-RAM demotion has no daemon timer: it is the TTFT difference of two identical requests, so "
                  "it carries their noise (a few ms); KV-disk reads: the queue wait also holds one admission try")
     if not a.cold_cache:
-        notes.append("the KV-disk files and the raw file are read hot from the page cache (--cold-cache drops them)")
+        notes.append("the raw buffered file is read hot from the page cache (--cold-cache drops it); the KV-disk "
+                     "files are read from the disk with O_DIRECT unless IGNIS_KV_DISK_DIRECT=0 (then --cold-cache "
+                     "drops their cache too)")
+    notes.append("a KV-disk read into a read buffer (no arena extent free) that is new or not touched lately pays "
+                 "its first-touch page faults, which on these VMs cost more than the disk; compare the read after "
+                 "restart, into an arena extent")
     for n in notes:
         print("note:", n)
     if not a.dir:

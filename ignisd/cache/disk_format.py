@@ -1,10 +1,10 @@
-"""The KV-disk file format, version 2 (DESIGN §4.5, issue 9): ``DiskRecord`` and the codec of one ``<key>.ignkv``.
+"""The KV-disk file format, version 3 (DESIGN §4.5, issue 9): ``DiskRecord`` and the codec of one ``<key>.ignkv``.
 
 †: imports no torch; bytes in, bytes out. Besides the record and the encoders, the checks a reader makes up to the
 payload (``read_head``) live here; the payload I/O with its checksum is ``cache/disk_io.py``, and
 the store that writes, reads and scans these files is ``cache/disk_store.py``.
 
-Spec (format version 2)
+Spec (format version 3)
 =======================
 One file per retained state (or per evicted live sequence: kind "live", below), named ``<key>.ignkv`` where ``key``
 is ``DiskRecord.key`` (64 lowercase hex). All integers are little-endian, unsigned, packed without padding
@@ -18,10 +18,17 @@ is ``DiskRecord.key`` (64 lowercase hex). All integers are little-endian, unsign
     16+H       4     u32 header_crc   zlib.crc32 of the H header bytes
     20+H       8     u64 payload_len  P = n_pages * page_bytes + sum(image_layout nbytes)
     28+H       16    payload_xxh3     XXH3-128 (xxhash's canonical big-endian digest, seed 0) of the P payload bytes
-    44+H       P     payload          the pages (n_pages * page_bytes, page order), then the image buffers in
+    44+H       Z     padding          Z zero bytes, Z = O - (44 + H)
+    O          P     payload          the pages (n_pages * page_bytes, page order), then the image buffers in
                                       image_layout order, each exactly its nbytes
-    total: 44 + H + P bytes; nothing follows the payload.
+    where O = payload_offset = roundup(44 + H, 4096) (PAYLOAD_ALIGN); total: O + P bytes; nothing follows the
+    payload (its end need not be aligned).
 
+Version 3 aligned the payload at a 4096-byte file offset (version 2 had it right after the trailer, at 44 + H) so
+that ``cache/disk_io.py`` can move it with O_DIRECT, whose transfers must start at block-aligned file offsets: the
+prefix (lead, header, trailer, padding) is a whole number of 4096-byte blocks and every payload slice of
+``disk_io.CHUNK_BYTES`` starts on a block boundary. The padding costs under 4 KiB a file (~370 MB for an 8K-token
+SmolLM2 state) and is not covered by the checksum, but a reader requires it to be zeros ("padding").
 Version 2 replaced version 1's SHA-256 payload digest (32 bytes) with XXH3-128: the checksum detects corruption
 and truncation (the key, a SHA-256 of the content, names the state), and at ~28 GB/s against SHA-256's ~0.7 GB/s
 on these CPUs it no longer bounds a KV-disk read (xxHash spec: https://github.com/Cyan4973/xxHash/blob/dev/doc/
@@ -57,10 +64,11 @@ kind "live" only, a u32 UTF-8 length and the UTF-8 bytes of owner. Priority, aft
 not part of it: the same content under the same stamp is the same state.
 
 A reader checks, in order: magic, version, header_len bound, the file is at least 44 + H bytes, header crc, header
-schema, recomputed key == header key == file name, payload_len == the header's geometry, file size == 44 + H + P,
-then (for a state it will use) the payload XXH3-128. Any change to this layout bumps FORMAT_VERSION. (The "live"
-kind did not: no byte of a "prefix" or "checkpoint" file changed, and a reader from before it deletes a "live" file
-as corrupt, "header schema", which is what a live file of an earlier process is due anyway.)
+schema, recomputed key == header key == file name, payload_len == the header's geometry, file size == O + P, the
+padding is zeros, then (for a state it will use) the payload XXH3-128. Any change to this layout bumps
+FORMAT_VERSION. (The "live" kind did not: no byte of a "prefix" or "checkpoint" file changed, and a reader from
+before it deletes a "live" file as corrupt, "header schema", which is what a live file of an earlier process is due
+anyway.)
 """
 from __future__ import annotations
 
@@ -78,13 +86,14 @@ import xxhash
 from ignisd.vocab import KINDS, LIVE, PRIORITIES
 
 MAGIC = b"IGNISKV\0"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 SUFFIX = ".ignkv"
 KEY_DOMAIN = b"ignis-kv-key\0\1"
 LEAD = struct.Struct("<8sII")            # magic, version, header_len: 16 bytes
 TRAILER = struct.Struct("<IQ16s")        # header crc32, payload_len, payload XXH3-128: 28 bytes
 MAX_HEADER_BYTES = 1 << 28               # 256 MiB: refuses a corrupt length before allocating it
-FIXED_BYTES = LEAD.size + TRAILER.size   # 44: a file is FIXED_BYTES + header_len + payload_len bytes
+FIXED_BYTES = LEAD.size + TRAILER.size   # 44: lead + trailer; the payload starts at payload_offset(header_len)
+PAYLOAD_ALIGN = 4096                     # the payload's file offset is a multiple of this (O_DIRECT's alignment)
 DIGEST_BYTES = TRAILER.size - 12         # 16
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 RECORD_KINDS = (*KINDS, LIVE)
@@ -240,9 +249,14 @@ def decode_header(raw: bytes) -> tuple[str, DiskRecord]:
         raise FormatError(f"header schema: {e}") from None
 
 
+def payload_offset(header_len: int) -> int:
+    """The file offset of the payload: 44 + header_len rounded up to a multiple of PAYLOAD_ALIGN (4096)."""
+    return -(-(FIXED_BYTES + header_len) // PAYLOAD_ALIGN) * PAYLOAD_ALIGN
+
+
 def file_bytes(record: DiskRecord) -> int:
-    """The size in bytes of ``record``'s file: 44 + header + payload."""
-    return FIXED_BYTES + len(encode_header(record)) + record.payload_bytes
+    """The size in bytes of ``record``'s file: payload_offset(header length) + payload."""
+    return expected_size(len(encode_header(record)), record)
 
 
 def payload_hasher():
@@ -251,10 +265,12 @@ def payload_hasher():
 
 
 def file_prefix(header: bytes, payload_len: int, payload_digest: bytes) -> bytes:
-    """Everything before the payload: lead, ``header`` (``encode_header``), trailer (crc, payload length, digest).
+    """Everything before the payload: lead, ``header`` (``encode_header``), trailer (crc, payload length, digest)
+    and the zero padding up to ``payload_offset``: payload_offset(len(header)) bytes, a multiple of PAYLOAD_ALIGN.
     A writer that hashes while it writes passes 16 zero bytes and later overwrites them at ``digest_offset``."""
-    return (LEAD.pack(MAGIC, FORMAT_VERSION, len(header)) + header
+    head = (LEAD.pack(MAGIC, FORMAT_VERSION, len(header)) + header
             + TRAILER.pack(zlib.crc32(header), payload_len, payload_digest))
+    return head + bytes(payload_offset(len(header)) - len(head))
 
 
 def digest_offset(header_len: int) -> int:
@@ -297,8 +313,8 @@ def parse_header(header: bytes, trailer: bytes, header_len: int, name_key: str) 
 
 
 def expected_size(header_len: int, record: DiskRecord) -> int:
-    """The exact size of a well-formed file: 44 + header_len + payload_bytes."""
-    return FIXED_BYTES + header_len + record.payload_bytes
+    """The exact size of a well-formed file: payload_offset(header_len) + payload_bytes."""
+    return payload_offset(header_len) + record.payload_bytes
 
 
 def byte_view(data) -> memoryview:
@@ -321,7 +337,8 @@ def stamp_of(stamp) -> tuple[str, str, str]:
 
 def read_head(f, key: str) -> tuple[DiskRecord, bytes]:
     """The reader's checks up to the payload, on a blocking binary file ``f`` positioned at 0: (record, payload
-    digest), the file then positioned at the payload. key: the file name's key. Raises FormatError."""
+    digest), the file then positioned at the payload (``payload_offset``, past the padding, which must be zeros).
+    key: the file name's key. Raises FormatError."""
     size = os.fstat(f.fileno()).st_size
     header_len = parse_lead(f.read(LEAD.size))
     if size < FIXED_BYTES + header_len:
@@ -331,4 +348,10 @@ def read_head(f, key: str) -> tuple[DiskRecord, bytes]:
     want = expected_size(header_len, record)
     if size != want:
         raise FormatError("truncated" if size < want else "trailing bytes")
+    pad = payload_offset(header_len) - FIXED_BYTES - header_len
+    padding = f.read(pad)
+    if len(padding) != pad:
+        raise FormatError("truncated")
+    if padding.count(0) != pad:
+        raise FormatError("padding")
     return record, digest

@@ -1,8 +1,10 @@
 """KV-disk: one verified file per retained state under one directory, within a byte ceiling (DESIGN §4.5, issue 9).
 
-†: imports no torch; bytes in, bytes out. The file format (version 2: magic, version, header length, orjson header,
-header crc32, payload length, payload XXH3-128, then pages and image) is specified in ``cache/disk_format.py``;
-files are named ``<DiskRecord.key>.ignkv``.
+†: imports no torch; bytes in, bytes out. The file format (version 3: magic, version, header length, orjson header,
+header crc32, payload length, payload XXH3-128, zero padding, then pages and image from a 4096-aligned offset) is
+specified in ``cache/disk_format.py``; files are named ``<DiskRecord.key>.ignkv``. The payload bypasses the page
+cache (O_DIRECT) where the filesystem allows it; ``IGNIS_KV_DISK_DIRECT=0`` forces buffered I/O (the reasons are
+in ``cache/disk_io.py``).
 
 Rules of the store:
 
@@ -45,7 +47,6 @@ import aiofiles.os
 
 from ignisd.cache.disk_format import (
     DIGEST_BYTES,
-    FIXED_BYTES,
     SUFFIX,
     DiskRecord,
     FormatError,
@@ -53,6 +54,7 @@ from ignisd.cache.disk_format import (
     byte_view,
     digest_offset,
     encode_header,
+    expected_size,
     file_prefix,
     read_head,
     stamp_of,
@@ -78,7 +80,7 @@ class DiskFull(OSError):
 class CorruptFile(OSError):
     """A file failed verification and was deleted. path: the file; reason: the check that failed ("magic",
     "version N", "truncated", "header crc", "header schema: ...", "key", "name", "payload length",
-    "trailing bytes", "payload checksum"). errno EBADMSG."""
+    "trailing bytes", "padding", "payload checksum"). errno EBADMSG."""
 
     def __init__(self, path: str | Path, reason: str):
         super().__init__(errno.EBADMSG, f"corrupt kv-disk file ({reason})", str(path))
@@ -196,7 +198,7 @@ class DiskStore:
         key = record.key
         final = self.path(key)
         header = encode_header(record)
-        size = FIXED_BYTES + len(header) + record.payload_bytes
+        size = expected_size(len(header), record)
         if not self.fits(size):
             raise DiskFull(size, self.used_bytes, self._capacity)
         tmp = self.directory / f"{key}{TMP_MARK}{os.getpid()}-{next(self._seq)}"

@@ -1,9 +1,12 @@
 """KV-disk payload I/O (cache/disk_io.py): the pipelined checksum equals
 a one-shot XXH3-128 of the same bytes, a file written by ``write_file`` has the spec's layout byte for byte, and a
-read fills fresh or caller buffers with exactly those bytes, whatever the chunk size."""
+read fills fresh or caller buffers with exactly those bytes, whatever the chunk size, with O_DIRECT (on tmp_path's
+filesystem: ext4 here) and buffered (``IGNIS_KV_DISK_DIRECT=0``, or a filesystem that refuses O_DIRECT)."""
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 
 import pytest
 import xxhash
@@ -49,7 +52,7 @@ def test_pipelined_hash_equals_one_shot_xxh3(chunk):
     assert got == xxhash.xxh3_128(data).digest()
 
 
-def test_written_file_is_the_spec_layout_and_reads_back(tmp_path, chunk):
+def test_written_file_is_the_spec_layout_and_reads_back(tmp_path, chunk, io_mode):
     r = rec(n_pages=max(2, 3 * chunk // 4096))
     pages, image = payload(r)
     path = tmp_path / (r.key + ".ignkv")
@@ -78,7 +81,7 @@ def test_write_refuses_an_existing_file(tmp_path):
     assert path.read_bytes() == b"old"
 
 
-def test_a_flipped_payload_byte_or_a_short_file_fails_its_check(tmp_path, chunk):
+def test_a_flipped_payload_byte_or_a_short_file_fails_its_check(tmp_path, chunk, io_mode):
     r = rec()
     pages, image = payload(r)
     path = tmp_path / (r.key + ".ignkv")
@@ -107,26 +110,148 @@ def test_into_of_the_wrong_size_or_read_only_is_refused(tmp_path):
             disk_io.read_file(path, r.key, into=bad)
 
 
-def test_a_read_into_views_two_ways_equals_the_file_and_stops_both_threads_on_a_short_file(tmp_path, chunk):
-    """The two-thread read (``_read_two_way``, views larger than one chunk) lands every byte in order and checks
-    the one XXH3 of them; a file that ends early raises "truncated" whichever thread meets the end, and only once
-    both threads stopped."""
+@pytest.mark.parametrize("head", [4, 4096], ids=["unaligned", "aligned"])
+def test_a_read_into_views_two_ways_equals_the_file_and_stops_both_threads_on_a_short_file(tmp_path, chunk, io_mode,
+                                                                                            head):
+    """The two-thread read (``_read_two_way``, views larger than one chunk, or ``_read_direct`` for a payload at an
+    aligned offset with O_DIRECT) lands every byte in order and checks the one XXH3 of them; a file that ends early
+    raises "truncated" whichever thread meets the end (mid block or on a block boundary), and only once both threads
+    stopped."""
     data = hashlib.shake_256(b"two ways").digest(5 * chunk + 33)
     path = tmp_path / "f"
-    path.write_bytes(b"HEAD" + data)
+    path.write_bytes(b"H" * head + data)
     dst = bytearray(len(data))
     with open(path, "rb") as f:
-        f.read(4)
+        f.read(head)
         disk_io.read_payload(f, xxhash.xxh3_128(data).digest(), (memoryview(dst)[:7], memoryview(dst)[7:]))
     assert dst == data
     with open(path, "rb") as f:
-        f.read(4)
+        f.read(head)
         with pytest.raises(FormatError, match="payload checksum"):
             disk_io.read_payload(f, bytes(16), (memoryview(dst),))
-    for cut in (len(data) - 1, chunk + 1, 1):             # the end met by either thread
-        path.write_bytes(b"HEAD" + data[:cut])
+    for cut in sorted({len(data) - 1, chunk + 1, 1, 4096, 2 * max(chunk, 4096)} - {len(data)}):
+        if cut > len(data):
+            continue
+        path.write_bytes(b"H" * head + data[:cut])       # the end met by either thread
         with open(path, "rb") as f:
-            f.read(4)
+            f.read(head)
             with pytest.raises(FormatError, match="truncated"):
                 disk_io.read_payload(f, xxhash.xxh3_128(data).digest(), (memoryview(bytearray(len(data))),))
+        with open(path, "rb") as f:                      # the scan's way
+            f.read(head)
+            with pytest.raises(FormatError, match="truncated"):
+                disk_io.read_payload(f, xxhash.xxh3_128(data).digest(), total=len(data))
     assert disk_io._helper("read").submit(lambda: 1).result() == 1     # the helper is free again
+
+
+@pytest.fixture
+def used(monkeypatch) -> list[str]:
+    """The payload paths taken, in order: "write direct", "read direct" (else the buffered code ran)."""
+    calls = []
+    for name in ("_write_direct", "_read_direct"):
+        real = getattr(disk_io, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            calls.append(_name[1:].replace("_", " "))
+            return _real(*a, **k)
+        monkeypatch.setattr(disk_io, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("n_pages,page_bytes,layout", [
+    (5, 5000, (("ssm", "float32", (25,), 100),)),        # 25,100 B: 4 slices of 8 KiB, the last 508 B
+    (4, 4096, ()),                                       # exactly 2 slices, no image: no padding, no ftruncate
+    (1, 10, (("conv", "uint8", (3,), 3),)),              # 13 B: one block, mostly padding
+    (0, 64, ()),                                         # an empty payload
+], ids=["odd-multi-chunk", "aligned", "tiny", "empty"])
+def test_each_mode_round_trips_payloads_of_any_size_at_an_aligned_offset(tmp_path, monkeypatch, io_mode, used,
+                                                                         n_pages, page_bytes, layout):
+    monkeypatch.setattr(disk_io, "CHUNK_BYTES", 8192)
+    monkeypatch.setattr(disk_io, "INLINE_HASH_BYTES", 4096)     # full slices go through the hash helper
+    r = rec(n_pages=n_pages, page_bytes=page_bytes, layout=layout)
+    pages, image = payload(r)
+    path = tmp_path / (r.key + ".ignkv")
+    write(path, r, pages, image)
+    header = encode_header(r)
+    offset = -(-(44 + len(header)) // 4096) * 4096             # the spec's payload offset, computed here
+    raw = path.read_bytes()
+    assert offset % 4096 == 0 and len(raw) == offset + r.payload_bytes == path.stat().st_size
+    assert raw[offset:] == pages + image and raw[44 + len(header):offset] == bytes(offset - 44 - len(header))
+    assert raw[28 + len(header):44 + len(header)] == xxhash.xxh3_128(pages + image).digest()
+    assert disk_io.read_file(path, r.key) == (r, pages, image)
+    arena = bytearray(r.payload_bytes + 11)                    # unaligned views spanning pages and image
+    into = (memoryview(arena)[3:3 + r.pages_bytes], memoryview(arena)[3 + r.pages_bytes:3 + r.payload_bytes])
+    disk_io.read_file(path, r.key, into=into)
+    assert arena == bytes(3) + pages + image + bytes(8)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        disk_io.read_payload(f, xxhash.xxh3_128(pages + image).digest(), total=r.payload_bytes)
+    assert used == (["write direct"] + ["read direct"] * 3 if io_mode == "direct" else [])
+    bad = bytearray(raw)
+    if r.payload_bytes:
+        bad[offset + r.payload_bytes // 2] ^= 1
+        path.write_bytes(bytes(bad))
+        with pytest.raises(FormatError, match="payload checksum"):
+            disk_io.read_file(path, r.key)
+    path.write_bytes(raw[:-1])
+    with pytest.raises(FormatError, match="truncated"):
+        disk_io.read_file(path, r.key)
+
+
+def test_a_filesystem_that_refuses_o_direct_gets_the_buffered_path(tmp_path, monkeypatch, used):
+    """EINVAL from turning O_DIRECT on (tmpfs before Linux 6.6, some FUSE and overlay filesystems) falls back to
+    buffered I/O with the same bytes on disk; another error of it is the disk's error."""
+    monkeypatch.setattr(disk_io, "CHUNK_BYTES", 8192)
+    r = rec(n_pages=5, page_bytes=5000)
+    pages, image = payload(r)
+    write(tmp_path / "direct", r, pages, image)
+    if not used:
+        pytest.skip(f"the filesystem of {tmp_path} refuses O_DIRECT: the fallback is the only path here")
+
+    def refuse(fd):
+        raise OSError(errno.EINVAL, "Invalid argument")
+    monkeypatch.setattr(disk_io, "_set_direct", refuse)
+    used.clear()
+    path = tmp_path / (r.key + ".ignkv")
+    write(path, r, pages, image)
+    assert path.read_bytes() == (tmp_path / "direct").read_bytes()
+    assert disk_io.read_file(path, r.key) == (r, pages, image) and used == []
+    monkeypatch.setattr(disk_io, "_set_direct", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "injected")))
+    with pytest.raises(OSError, match="injected"):
+        write(tmp_path / "other", r, pages, image)
+    monkeypatch.setenv(disk_io.DIRECT_ENV, "0")               # the switch: never tried
+    write(tmp_path / "buffered", r, pages, image)
+    assert (tmp_path / "buffered").read_bytes() == path.read_bytes() and used == []
+
+
+def test_write_refuses_a_prefix_that_would_leave_the_payload_unaligned(tmp_path):
+    with pytest.raises(ValueError, match="multiple of 4096"):
+        disk_io.write_file(tmp_path / "x", bytes(100), (memoryview(b"abc"),), 0)
+    assert not (tmp_path / "x").exists()
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("shift", [0, 64], ids=["aligned", "unaligned"])
+def test_an_aligned_source_is_written_without_the_bounce_copy(tmp_path, monkeypatch, io_mode, shift):
+    """Whole aligned slices of page-aligned memory (an mmap, as the runner's "to_bytes" buffers) go to the disk
+    straight from it; the same bytes at an unaligned address go through the bounce buffers; the files are equal."""
+    import mmap
+    monkeypatch.setattr(disk_io, "CHUNK_BYTES", 8192)
+    r = rec(n_pages=5, page_bytes=4096, layout=(("ssm", "float32", (25,), 100),))
+    pages, image = payload(r)
+    mem = mmap.mmap(-1, 4096 + r.pages_bytes)
+    mem[shift:shift + r.pages_bytes] = pages
+    seen = []
+    real = disk_io._aligned
+    monkeypatch.setattr(disk_io, "_aligned", lambda v: seen.append(real(v)) or seen[-1])
+    path = tmp_path / (r.key + ".ignkv")
+    header = encode_header(r)
+    src = memoryview(mem)[shift:shift + r.pages_bytes]
+    disk_io.write_file(path, file_prefix(header, r.payload_bytes, bytes(16)), (src, memoryview(image)),
+                       digest_offset(len(header)))
+    del src
+    assert disk_io.read_file(path, r.key) == (r, pages, image)
+    if io_mode == "direct":       # slices: 8 KiB, 8 KiB, then 4 KiB of pages + the image (two pieces: copied)
+        assert seen == ([True, True] if shift == 0 else [False, False])
+    else:
+        assert seen == []

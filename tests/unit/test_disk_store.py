@@ -69,7 +69,7 @@ def small_chunks(monkeypatch):
 # -- round trips ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("chunked", [False, True])
-def test_round_trip_is_byte_identical(store, request, chunked):
+def test_round_trip_is_byte_identical(store, request, chunked, io_mode):
     if chunked:
         request.getfixturevalue("small_chunks")
     r = rec()
@@ -93,7 +93,7 @@ def test_round_trip_without_image_and_from_typed_buffers(store):
     assert got_r == r and bytes(got_pages) == pages.tobytes() and got_image == b""
 
 
-def test_read_into_caller_buffers(store, small_chunks):
+def test_read_into_caller_buffers(store, small_chunks, io_mode):
     r = rec()
     pages, image = payload(r)
     run(store.write(r, pages, image))
@@ -166,15 +166,17 @@ def _hand_key(r: DiskRecord) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
-def test_file_bytes_match_the_hand_computed_layout(store):
+def test_file_bytes_match_the_hand_computed_layout(store, io_mode):
     key = _hand_key(FIXED)
     assert FIXED.key == key == "346d281023ab3dfe1105ad8dc531cda9d39d526f3b2a590a7e9bf9135131e9e0"   # frozen: key v1
     header = FIXED_HEADER % key.encode()
     pages, image = b"\x01\x02\x03\x04", b"\x00\x00\x80\x3f"
-    expect = (b"IGNISKV\x00" + (2).to_bytes(4, "little") + len(header).to_bytes(4, "little") + header
-              + zlib.crc32(header).to_bytes(4, "little") + (8).to_bytes(8, "little")
-              + xxhash.xxh3_128(pages + image).digest() + pages + image)
-    assert run(store.write(FIXED, pages, image)) == len(expect) == 44 + len(header) + 8
+    head = (b"IGNISKV\x00" + (3).to_bytes(4, "little") + len(header).to_bytes(4, "little") + header
+            + zlib.crc32(header).to_bytes(4, "little") + (8).to_bytes(8, "little")
+            + xxhash.xxh3_128(pages + image).digest())
+    assert len(head) == 44 + len(header) < 4096
+    expect = head + bytes(4096 - len(head)) + pages + image       # zero padding to the 4096-aligned payload
+    assert run(store.write(FIXED, pages, image)) == len(expect) == 4096 + 8
     assert store.path(key).read_bytes() == expect
 
 
@@ -217,15 +219,16 @@ def _flip(b: bytearray, i: int):
 def _rewrite_header(b: bytearray, hl: int, edit) -> bytearray:
     """A file whose header was edited and whose crc was fixed up (only the key or schema checks can catch it)."""
     header = edit(bytes(b[16:16 + hl]))
-    out = bytearray(b[:8]) + struct.pack("<II", 2, len(header)) + header + struct.pack("<I", zlib.crc32(header))
+    out = bytearray(b[:8]) + struct.pack("<II", 3, len(header)) + header + struct.pack("<I", zlib.crc32(header))
     return out + b[16 + hl + 4:]
 
 
 def _corruptions(hl: int, size: int):
     """name -> (edit of the file's bytes, expected reason). hl: header length; size: file bytes."""
-    p0 = 44 + hl
+    p0 = -(-(44 + hl) // 4096) * 4096                    # the payload offset: the prefix rounded up to 4096
     cuts = {"empty": 0, "mid magic": 7, "mid lead": 15, "after lead": 16, "mid header": 16 + hl // 2,
-            "after header": 16 + hl, "mid trailer": 16 + hl + 10, "at payload": p0, "payload + 1": p0 + 1,
+            "after header": 16 + hl, "mid trailer": 16 + hl + 10, "after trailer": 44 + hl,
+            "mid padding": (44 + hl + p0) // 2, "at payload": p0, "payload + 1": p0 + 1,
             "mid payload": p0 + (size - p0) // 2, "last byte": size - 1}
     trunc = {f"truncated {k}": (lambda b, n=n: b[:n], "truncated") for k, n in cuts.items()}
     return {
@@ -240,6 +243,7 @@ def _corruptions(hl: int, size: int):
         "header crc byte": (lambda b: _flip(b, 16 + hl) or b, "header crc"),
         "payload length": (lambda b: b[:20 + hl] + struct.pack("<Q", size - p0 + 1) + b[28 + hl:], "payload length"),
         "trailing bytes": (lambda b: b + b"\x00", "trailing bytes"),
+        "padding byte": (lambda b: _flip(b, p0 - 1) or b, "padding"),
         "tokens edited, crc fixed": (lambda b: _rewrite_header(b, hl, lambda h: h.replace(b"[1,2,3", b"[1,9,3")),
                                      "key"),
         "not json, crc fixed": (lambda b: _rewrite_header(b, hl, lambda h: b"[" + h[1:]), "header schema"),
@@ -261,7 +265,7 @@ _CASES = list(_corruptions(600, 800))      # names only; the offsets are compute
 
 @pytest.mark.parametrize("how", ["read", "read_sync", "scan"])
 @pytest.mark.parametrize("case", _CASES)
-def test_every_corruption_is_detected_and_the_file_deleted(tmp_path, case, how):
+def test_every_corruption_is_detected_and_the_file_deleted(tmp_path, case, how, io_mode):
     s, r, size, hl = _written(tmp_path)
     edit, reason = _corruptions(hl, size)[case]
     path = s.path(r.key)
@@ -453,11 +457,11 @@ class _Injected:
         elif step == "write":
             real, calls = disk_io._write_all, []
 
-            def write_all(fd, view):
+            def write_all(fd, view, offset):
                 calls.append(1)
                 if len(calls) == 3:
                     raise OSError(errno.EIO, "injected")
-                real(fd, view)
+                real(fd, view, offset)
             monkeypatch.setattr(disk_io, "_write_all", write_all)
         elif step == "fsync":
             monkeypatch.setattr(disk_io, "_fsync", self._raise)
@@ -474,7 +478,7 @@ class _Injected:
 
 
 @pytest.mark.parametrize("step", ["open", "write", "fsync", "rename", "dir fsync"])
-def test_an_io_error_during_write_leaves_nothing_and_raises(store, monkeypatch, small_chunks, step):
+def test_an_io_error_during_write_leaves_nothing_and_raises(store, monkeypatch, small_chunks, step, io_mode):
     keep = rec(tokens=(3, 3, 3))
     keep_size = run(store.write(keep, *payload(keep)))
     r = rec()
@@ -484,6 +488,8 @@ def test_an_io_error_during_write_leaves_nothing_and_raises(store, monkeypatch, 
     assert ei.value.errno == errno.EIO
     assert listing(store.directory) == [keep.key + ".ignkv"] and store.used_bytes == keep_size
     monkeypatch.undo()
+    if io_mode == "buffered":
+        monkeypatch.setenv(disk_io.DIRECT_ENV, "0")
     run(store.write(r, *payload(r)))                     # serving goes on
     assert store.read_sync(r.key)[0] == r
 
@@ -571,7 +577,12 @@ def tiny_fs(tmp_path):
         subprocess.run(["umount", str(mnt)], check=True)
 
 
-def test_a_tmpfs_that_fills_up_raises_and_leaves_no_temporary(tiny_fs):
+@pytest.mark.parametrize("direct", ["direct", "buffered"])
+def test_a_tmpfs_that_fills_up_raises_and_leaves_no_temporary(tiny_fs, monkeypatch, direct):
+    """On a 64 KiB tmpfs, with O_DIRECT (this kernel's tmpfs takes it; an older one refuses it, EINVAL, and the
+    buffered fallback serves) or buffered."""
+    if direct == "buffered":
+        monkeypatch.setenv(disk_io.DIRECT_ENV, "0")
     with DiskStore(tiny_fs / "kv", 1 << 30) as s:        # the ceiling is far above the 64 KiB filesystem
         s.scan(STAMP)
         done, err = [], None
@@ -612,15 +623,21 @@ def test_a_read_only_directory_raises_for_a_non_root_user(tmp_path):
             s.directory.chmod(0o700)
 
 
-def test_a_file_of_another_format_version_is_left_alone(store):
-    """A version-1 file (SHA-256 payload digest) or any other version: never restored, never deleted, counted
-    foreign with its bytes against the ceiling."""
+@pytest.mark.parametrize("version", [1, 2, 4])
+def test_a_file_of_another_format_version_is_left_alone(store, version):
+    """A version-1 file (SHA-256 payload digest), a version-2 file (the payload right after the trailer, no
+    padding) or any other version: never restored, never deleted, counted foreign with its bytes against the
+    ceiling."""
     r = rec()
-    size = run(store.write(r, *payload(r)))
+    run(store.write(r, *payload(r)))
     path = store.path(r.key)
     b = bytearray(path.read_bytes())
-    b[8:12] = struct.pack("<I", 1)
+    hl = len(disk_format.encode_header(r))
+    if version == 2:                           # the version-2 layout: 44 + H + P bytes
+        b = b[:44 + hl] + b[4096:]
+    b[8:12] = struct.pack("<I", version)
     path.write_bytes(bytes(b))
     res = store.scan(STAMP)
-    assert (res.usable, res.corrupt, res.foreign, res.foreign_bytes) == ([], 0, 1, size)
-    assert res.reasons == [(path.name, "version 1")] and path.exists() and r.key not in store
+    assert (res.usable, res.corrupt, res.foreign, res.foreign_bytes) == ([], 0, 1, len(b))
+    assert res.reasons == [(path.name, f"version {version}")] and path.exists() and r.key not in store
+    assert path.read_bytes() == b and store.used_bytes == len(b)
