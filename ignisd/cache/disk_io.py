@@ -54,6 +54,7 @@ import fcntl
 import mmap
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -473,3 +474,43 @@ def _write_direct(fd: int, prefix: memoryview, views, digest_at: int) -> None:
         bufs[0][:hi - lo] = prefix[lo:hi]
         bufs[0][digest_at - lo:digest_at - lo + 16] = h.digest()
         _write_all(fd, bufs[0][:hi - lo], lo)
+
+
+def probe(directory, nbytes: int = 8 << 20) -> tuple[float, float]:
+    """(latency s, bytes/s) of KV-disk I/O in `directory` as the files move (the restore floors' disk cost,
+    ignisd/tier_setup.py): a 1-block file written and fsynced (latency), then `nbytes` (rounded up to
+    PAYLOAD_ALIGN) written with fsync and read back through a page-aligned buffer, with O_DIRECT where this
+    module would use it (else buffered: the read then comes from the page cache). Bandwidth: bytes moved both ways
+    over the time of the write and the read. The probe file is removed. Raises any OSError of the disk."""
+    n = max(PAYLOAD_ALIGN, _round_up(nbytes))
+    path = os.path.join(directory, f".probe-{os.getpid()}")
+    buf = mmap.mmap(-1, n)
+    view = memoryview(buf)
+    try:
+        view[:] = os.urandom(n)
+        fd = _open(path)
+        try:
+            t0 = time.perf_counter()
+            _try_direct(fd)
+            _write_all(fd, view[:PAYLOAD_ALIGN], 0)
+            _fsync(fd)
+            t1 = time.perf_counter()
+            _write_all(fd, view, 0)
+            _fsync(fd)
+        finally:
+            os.close(fd)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _try_direct(fd)
+            _pread_full(fd, view, 0)
+        finally:
+            os.close(fd)
+        t2 = time.perf_counter()
+    finally:
+        view.release()
+        buf.close()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return t1 - t0, 2 * n / max(t2 - t1, 1e-6)

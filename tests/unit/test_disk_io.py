@@ -255,3 +255,23 @@ def test_an_aligned_source_is_written_without_the_bounce_copy(tmp_path, monkeypa
         assert seen == ([True, True] if shift == 0 else [False, False])
     else:
         assert seen == []
+
+
+def test_probe_moves_its_bytes_in_the_files_mode_and_leaves_nothing(tmp_path, monkeypatch, io_mode):
+    """disk_io.probe (the restore floor's disk cost): it writes and reads through the mode the files use (O_DIRECT
+    set on both descriptors in direct mode, never in buffered mode), removes its file, and fails on a missing
+    directory with the OSError."""
+    modes = []
+    real = disk_io._set_direct
+
+    def spy(fd):
+        modes.append("direct")
+        return real(fd)
+
+    monkeypatch.setattr(disk_io, "_set_direct", spy)
+    lat, bw = disk_io.probe(tmp_path, nbytes=3 * 4096 + 5)          # rounded up to 4 blocks
+    assert 0 <= lat < 5 and 0 < bw < float("inf")
+    assert modes == (["direct", "direct"] if io_mode == "direct" else [])
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(FileNotFoundError):
+        disk_io.probe(tmp_path / "missing")
