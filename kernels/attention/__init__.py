@@ -192,7 +192,7 @@ def paged_decode_attention(q: torch.Tensor, view: PagedView, page_table: torch.T
             from ignis_kernels.attention import hq_triton
             out = hq_triton.hq_paged_decode_attention(q, view, page_table, context_lens, exact, scale)
         elif backend == "cpu" and hq_cpu.supports(q, view, exact):
-            out = hq_cpu.hq_decode_attention(q, view, page_table, context_lens, exact, scale)
+            return hq_cpu.hq_decode_attention(q, view, page_table, context_lens, exact, scale)   # μ_V added in it
         elif view.tag == "hq-e8-2b":
             out = hq_decode.hq_decode_attention(q, view, page_table, context_lens, exact, scale, single)
         else:

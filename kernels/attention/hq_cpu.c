@@ -241,7 +241,7 @@ int hq_decode(const float *q, const float *signs, float tau, int bsz, int hq, in
               const int16_t *codes, const float *scale, const uint16_t *resid, const int64_t *words,
               const float *ring_k, const float *ring_v, int64_t rs_b, int64_t rs_r, int64_t rs_h,
               const float *sink_k, const float *sink_v, int64_t ss_b, int64_t ss_s, int64_t ss_h,
-              float *out) {
+              const float *center_v, float *out) {
     const int g = hq / hkv;
     if (g > MAX_G || d > MAX_D || d < 8 || (d & (d - 1)) || g * hkv != hq) return -1;
     const float inv = 1.0f / sqrtf((float)d);
@@ -306,6 +306,10 @@ int hq_decode(const float *q, const float *signs, float tau, int bsz, int hq, in
             }
             const float *sv = signs + ((int64_t)hkv + h) * d;
             float f = inv / L;
+            if (center_v) {            /* + L·μ_V before the un-rotation: o/L + μ_V, the centre added back */
+                const float *mu = center_v + ((int64_t)b * hkv + h) * d;
+                for (int e = 0; e < d; e++) o[e] += L * mu[e];
+            }
             fwht(o, d);
             for (int e = 0; e < d; e++) o[e] *= f * sv[e];
         }

@@ -24,7 +24,7 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int
 _L = ctypes.c_int64
 _ARGTYPES = [_P, _P, ctypes.c_float, _I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _L, _P, _P, _P, _P,
-             _P, _P, _L, _L, _L, _P, _P, _L, _L, _L, _P]
+             _P, _P, _L, _L, _L, _P, _P, _L, _L, _L, _P, _P]
 KERNEL = Kernel(Path(__file__).with_name("hq_cpu.c"), "the fused hq-e8-2b CPU decode kernel",
                 {"hq_decode": (_ARGTYPES, ctypes.c_int)}, "IGNIS_HQ_CPU_KERNEL")
 library, available, error = KERNEL.library, KERNEL.available, KERNEL.error
@@ -50,9 +50,11 @@ def supports(q: torch.Tensor, view, exact) -> bool:
 def hq_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, context_lens: torch.Tensor, exact,
                         scale: float | None = None) -> torch.Tensor:
     """hq_decode.hq_decode_attention's result through the fused kernel (the same arguments: q [B, Hq, d] at
-    positions context_lens − 1, page_table LongTensor [B, W], exact the batch's ExactRing) -> float32 [B, Hq, d].
-    The caller checks `supports` first. Raises RuntimeError when the kernel is unavailable or refuses the
-    geometry."""
+    positions context_lens − 1, page_table LongTensor [B, W], exact the batch's ExactRing) -> float32 [B, Hq, d],
+    with exact.center_v (the rotated μ_V of value centering, HQ_E8_2B.md §4.3) already added back: the kernel adds
+    L·μ_V to the un-normalised rotated output before its one un-rotation (o/L + μ_V), where the torch paths leave it
+    to hq_reference.add_center (two more torch operators per layer and step). The caller checks `supports` first.
+    Raises RuntimeError when the kernel is unavailable or refuses the geometry."""
     lib = library()
     if lib is None:
         raise RuntimeError(error() or "hq_cpu: kernel unavailable")
@@ -71,12 +73,15 @@ def hq_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, context
     sink_k = sk if n_s else rk                               # any valid pointer when there are no sinks
     sink_v = exact.sink_v if n_s else exact.v
     words = word_table("cpu")
+    cv = exact.center_v
+    if cv is not None:                                       # [B or 1, Hkv, d] rotated μ_V, one row per batch row
+        cv = cv.float().expand(bsz, hkv, d).contiguous()
     rc = lib.hq_decode(
         qc.data_ptr(), signs.data_ptr(), tau, bsz, hq, hkv, d, pt, exact.window_pages, rk.shape[1], n_s,
         ctx.data_ptr(), pages.data_ptr(), pages.shape[1], b["codes"].data_ptr(), b["scale"].data_ptr(),
         b["resid"].data_ptr(), words.data_ptr(), rk.data_ptr(), exact.v.data_ptr(), rk.stride(0), rk.stride(1),
         rk.stride(2), sink_k.data_ptr(), sink_v.data_ptr(), sink_k.stride(0), sink_k.stride(1) if n_s else 0,
-        sink_k.stride(2), out.data_ptr())
+        sink_k.stride(2), cv.data_ptr() if cv is not None else None, out.data_ptr())
     if rc != 0:
         raise RuntimeError(f"hq_cpu: geometry outside the kernel's limits (Hq {hq}, Hkv {hkv}, d {d})")
     return out

@@ -72,7 +72,7 @@ def add_center(o: torch.Tensor, center_v: torch.Tensor | None, signs_v: torch.Te
     if center_v is None:
         return o
     hkv, d = signs_v.shape
-    mu = fwht(center_v.float()) * (1.0 / math.sqrt(d)) * signs_v                  # [..., Hkv, d] original domain
+    mu = (center_v.float() @ _hadamard(d, str(center_v.device))) * signs_v       # [..., Hkv, d] original domain
     return o + mu.repeat_interleave(o.shape[-2] // hkv, dim=-2)
 
 

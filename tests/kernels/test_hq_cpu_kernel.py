@@ -67,6 +67,30 @@ def test_matches_the_oracle_and_the_torch_path(hkv, g, d, pt, window, sinks, len
         assert rel(torch_path[b:b + 1], want) < 2e-5, (b, n)
 
 
+@pytest.mark.parametrize("hkv, g, d, one", [(3, 3, 64, False), (2, 4, 256, False), (3, 3, 64, True)])
+def test_the_value_centre_is_added_back_in_the_kernel(hkv, g, d, one):
+    """ExactRing.center_v (rotated μ_V, one row per batch row, or [1, Hkv, d] for one row): the kernel's output
+    equals the torch path's plus the centre un-rotated by hand, s_V ⊙ H·μ_V/√d with H the dense Sylvester matrix
+    (independent of either path), and the dispatcher returns exactly the kernel's output (nothing added twice)."""
+    lens = [300] if one else [70, 300]
+    kv, fmt, plan, ring, seqs = _sequences(hkv, d, 16, 32, 1, lens, seed=d + hkv)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(len(lens), hkv * g, d, generator=gen)
+    mu = torch.randn(len(lens), hkv, d, generator=gen) * 3
+    centred = kattn.ExactRing(ring.k, ring.v, ring.sink_k, ring.sink_v, ring.window_pages, mu)
+    view = kv.view(0)
+    got = hq_cpu.hq_decode_attention(q, view, plan.decode_pages, plan.decode_lens, centred)
+    plain = hq_decode.hq_decode_attention(q, view, plan.decode_pages, plan.decode_lens, ring)
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < d:                                           # Sylvester: H_2n = [[H, H], [H, -H]]
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    sv = view.params["signs"][1].double()                                      # [Hkv, d]
+    back = (mu.double() @ h) / d ** 0.5 * sv                                   # [B, Hkv, d]
+    want = plain.double() + back.repeat_interleave(g, dim=1)
+    assert rel(got, want) < 2e-5
+    assert torch.equal(kattn.paged_decode_attention(q, view, plan.decode_pages, plan.decode_lens, exact=centred), got)
+
+
 def test_a_row_is_bit_identical_alone_batched_and_at_any_thread_count():
     """Each row is computed alone, its split-K partials merged in a fixed order: the same bits in a batch of 3 as
     alone, and at 1 as at 2 threads."""
