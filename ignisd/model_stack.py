@@ -155,6 +155,8 @@ class ModelStack:
         cache = CacheManager(pool, self.kv.page_bytes, slots=slots, state_bytes=state_bytes, retained=retained,
                              tiers=self.tier_setup.tiers, kv_format=fmt)
         disk_found = index_disk(self.tier_setup, retained)
+        if metrics is not None and disk_found.get("corrupt"):      # deleted at the scan: disk faults too
+            metrics.tier_disk_errors.inc(disk_found["corrupt"])
         self.scheduler = Scheduler(cache, lanes=lanes, context_tokens=self.context,
                                    prefill_chunk=cfg.server.prefill_chunk,
                                    round_prefill_tokens=cfg.server.round_prefill_tokens,

@@ -50,14 +50,15 @@ def _ram_cost(arena: HostArena) -> TierCost:
     return TierCost(0.0, 2 * n / dt)
 
 
-def _disk_cost(directory: str) -> TierCost:
-    """Latency and bandwidth of the KV-disk directory as its files move (cache/disk_io.probe: a 1-block file
-    fsynced, then 8 MiB written, fsynced and read back, with O_DIRECT where the files use it); on an OSError a
-    guess (10 ms, 100 MB/s)."""
+def _disk_cost(directory: str) -> tuple[TierCost, str]:
+    """(latency and bandwidth, I/O mode) of the KV-disk directory as its files move (cache/disk_io.probe: a 1-block
+    file fsynced, then 8 MiB written, fsynced and read back, with O_DIRECT where the files use it). The mode is
+    "direct" or "buffered"; on an OSError (a full or read-only disk) a guess (10 ms, 100 MB/s) and "unknown"."""
     try:
-        return TierCost(*disk_io.probe(directory))
+        lat, bw, direct = disk_io.probe(directory)
     except OSError:
-        return TierCost(0.01, 1e8)
+        return TierCost(0.01, 1e8), "unknown"
+    return TierCost(lat, bw), "direct" if direct else "buffered"
 
 
 def build_tiers(cfg, page_bytes: int, bytes_per_token: int, image_layout: tuple, prefill_tok_s: float) -> TierSetup:
@@ -72,8 +73,8 @@ def build_tiers(cfg, page_bytes: int, bytes_per_token: int, image_layout: tuple,
     if arena is not None:
         floors[RAM] = rc.restore_floor_ram or default_floor(prefill_tok_s, bytes_per_token, _ram_cost(arena))
     if disk is not None:
-        floors[DISK] = rc.restore_floor_disk or default_floor(prefill_tok_s, bytes_per_token,
-                                                              _disk_cost(cfg.kv.disk_dir))
+        cost, info["kv_disk_io"] = _disk_cost(cfg.kv.disk_dir)
+        floors[DISK] = rc.restore_floor_disk or default_floor(prefill_tok_s, bytes_per_token, cost)
         info["kv_disk_dir"] = cfg.kv.disk_dir
     info.update({f"restore_floor_{k}": v for k, v in floors.items()})
     tiers = Tiers(ExtentAllocator(arena.nbytes) if arena is not None else None, cfg.kv.disk_bytes, page_bytes,

@@ -476,41 +476,42 @@ def _write_direct(fd: int, prefix: memoryview, views, digest_at: int) -> None:
         _write_all(fd, bufs[0][:hi - lo], lo)
 
 
-def probe(directory, nbytes: int = 8 << 20) -> tuple[float, float]:
-    """(latency s, bytes/s) of KV-disk I/O in `directory` as the files move (the restore floors' disk cost,
+def probe(directory, nbytes: int = 8 << 20) -> tuple[float, float, bool]:
+    """(latency s, bytes/s, direct) of KV-disk I/O in `directory` as the files move (the restore floors' disk cost,
     ignisd/tier_setup.py): a 1-block file written and fsynced (latency), then `nbytes` (rounded up to
     PAYLOAD_ALIGN) written with fsync and read back through a page-aligned buffer, with O_DIRECT where this
-    module would use it (else buffered: the read then comes from the page cache). Bandwidth: bytes moved both ways
-    over the time of the write and the read. The probe file is removed. Raises any OSError of the disk."""
+    module would use it (`direct`: whether it did; else buffered, and the read then comes from the page cache).
+    Bandwidth: bytes moved both ways over the time of the write and the read. The probe file is removed. Raises
+    any OSError of the disk (no space, a read-only or missing directory)."""
     n = max(PAYLOAD_ALIGN, _round_up(nbytes))
     path = os.path.join(directory, f".probe-{os.getpid()}")
-    buf = mmap.mmap(-1, n)
-    view = memoryview(buf)
+    buf = mmap.mmap(-1, n)              # page-aligned; freed with its last reference (an OSError's traceback may
+    buf.write(os.urandom(n))            # still hold a view of it, so it is not closed by hand)
+    created = False
     try:
-        view[:] = os.urandom(n)
         fd = _open(path)
+        created = True
         try:
             t0 = time.perf_counter()
-            _try_direct(fd)
-            _write_all(fd, view[:PAYLOAD_ALIGN], 0)
+            direct = _try_direct(fd)
+            _write_all(fd, memoryview(buf)[:PAYLOAD_ALIGN], 0)
             _fsync(fd)
             t1 = time.perf_counter()
-            _write_all(fd, view, 0)
+            _write_all(fd, buf, 0)
             _fsync(fd)
         finally:
             os.close(fd)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             _try_direct(fd)
-            _pread_full(fd, view, 0)
+            _pread_full(fd, memoryview(buf), 0)
         finally:
             os.close(fd)
         t2 = time.perf_counter()
     finally:
-        view.release()
-        buf.close()
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    return t1 - t0, 2 * n / max(t2 - t1, 1e-6)
+        if created:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    return t1 - t0, 2 * n / max(t2 - t1, 1e-6), direct

@@ -151,7 +151,8 @@ def test_restart_hits_kv_disk_and_a_corrupt_file_is_never_used(tiny_llama_dir, c
     finally:
         d.proc.send_signal(signal.SIGKILL)        # kill -9: nothing flushed, nothing half-written is ever used
         d.proc.wait(30)
-    for f in kv.glob("*.ignkv"):                  # corrupt every file's last byte
+    corrupted = sorted(kv.glob("*.ignkv"))
+    for f in corrupted:                           # corrupt every file's last byte
         data = bytearray(f.read_bytes())
         data[-1] ^= 0xFF
         f.write_bytes(bytes(data))
@@ -162,6 +163,9 @@ def test_restart_hits_kv_disk_and_a_corrupt_file_is_never_used(tiny_llama_dir, c
         assert r["ignis"]["reuse"]["tier"] in (None, "device") and r["text"] == want["text"]
         assert "kv_disk_index" in d.log() and "corrupt=" in d.log()
         assert not [f for f in kv.glob("*.ignkv") if f in files]     # the corrupt files were deleted
+        metrics = d.conn().request({"id": "m", "op": "metrics"})["result"]["text"]
+        assert f"ignis_tier_disk_errors_total {float(len(corrupted))}" in metrics     # and counted as faults
+        assert "kv_disk_io=direct" in d.log() or "kv_disk_io=buffered" in d.log()
         d.wait_idle()
         assert "integrity_failed" not in d.log() and "Traceback" not in d.log()
     finally:

@@ -269,9 +269,24 @@ def test_probe_moves_its_bytes_in_the_files_mode_and_leaves_nothing(tmp_path, mo
         return real(fd)
 
     monkeypatch.setattr(disk_io, "_set_direct", spy)
-    lat, bw = disk_io.probe(tmp_path, nbytes=3 * 4096 + 5)          # rounded up to 4 blocks
-    assert 0 <= lat < 5 and 0 < bw < float("inf")
+    lat, bw, direct = disk_io.probe(tmp_path, nbytes=3 * 4096 + 5)  # rounded up to 4 blocks
+    assert 0 <= lat < 5 and 0 < bw < float("inf") and direct == (io_mode == "direct")
     assert modes == (["direct", "direct"] if io_mode == "direct" else [])
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(FileNotFoundError):
         disk_io.probe(tmp_path / "missing")
+
+
+def test_probe_on_a_full_disk_raises_the_oserror_and_leaves_nothing(tmp_path, monkeypatch):
+    """A full disk (ENOSPC on the first write) gives the OSError itself — not a BufferError from closing the
+    buffer the failed write still referenced — so tier_setup falls back to its guess; the file is gone."""
+    def full(fd, view, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(disk_io, "_write_all", full)
+    with pytest.raises(OSError) as e:
+        disk_io.probe(tmp_path)
+    assert e.value.errno == errno.ENOSPC and list(tmp_path.iterdir()) == []
+    from ignisd.tier_setup import _disk_cost
+    cost, mode = _disk_cost(str(tmp_path))
+    assert mode == "unknown" and (cost.latency_s, cost.bandwidth) == (0.01, 1e8)
