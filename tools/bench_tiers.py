@@ -358,15 +358,15 @@ def write_pairs(directory: Path, data: memoryview, pairs: int = 3) -> dict[str, 
     default) against "write_raw_direct" (O_DIRECT straight from the buffer, the last piece through an aligned one),
     "write_file_buffered" (IGNIS_KV_DISK_DIRECT=0) against "write_raw_buffered". The medians of `pairs` runs each;
     without O_DIRECT on this filesystem the direct figures are left out."""
-    from ignisd.cache import disk_io
+    from ignisd.cache import disk_direct, disk_io
 
     tail = mmap.mmap(-1, 8 << 20)
     tail_view = memoryview(tail)
 
     def daemon_code(direct: bool) -> float:
         tmp, final = directory / ".pair.ignkv.tmp", directory / ".pair.ignkv"
-        saved = os.environ.get(disk_io.DIRECT_ENV)
-        os.environ[disk_io.DIRECT_ENV] = "1" if direct else "0"
+        saved = os.environ.get(disk_direct.DIRECT_ENV)
+        os.environ[disk_direct.DIRECT_ENV] = "1" if direct else "0"
         try:
             t0 = time.perf_counter()
             disk_io.write_file(tmp, bytes(4096), (data,), 0)
@@ -375,9 +375,9 @@ def write_pairs(directory: Path, data: memoryview, pairs: int = 3) -> dict[str, 
             dt = time.perf_counter() - t0
         finally:
             if saved is None:
-                del os.environ[disk_io.DIRECT_ENV]
+                del os.environ[disk_direct.DIRECT_ENV]
             else:
-                os.environ[disk_io.DIRECT_ENV] = saved
+                os.environ[disk_direct.DIRECT_ENV] = saved
         final.unlink()
         return data.nbytes / dt / MB
 

@@ -9,7 +9,8 @@ How the bytes move, and why:
   loop and an executor thread, and while another thread runs Python (the loop serving requests, the forward
   worker's glue) a handoff waits out the interpreter's switch interval (5 ms). Measured on a 370 MB state in the
   daemon: 790 ms for the write as 44 awaited chunks, against ~230 ms for the same bytes written in one job.
-- Within a job the payload moves in ``CHUNK_BYTES`` slices. A write hashes slice i on a helper thread while slice
+- Within a job the payload moves in ``CHUNK_BYTES`` slices (the helper threads and the two checksum pipelines are
+  ``cache/disk_hash.py``'s). A write hashes slice i on a helper thread while slice
   i + 1 is written (xxhash drops the GIL on large buffers). A read into the caller's memory goes two ways: this
   thread and a "read" helper each pread every other slice and hash it as soon as the slice before it is hashed
   (in order: one XXH3 state), so the page-cache copy, which bounds a read, runs on two cores and each hash reads
@@ -20,19 +21,8 @@ How the bytes move, and why:
 
 Direct I/O (format version 3 aligns the payload for it):
 
-- The payload bypasses the page cache (O_DIRECT) when the filesystem allows it. The KV-RAM arena already is ignis's
-  host-memory cache of these bytes, so a page-cache copy of a file only duplicates it (and on a workstation it
-  evicts other programs' useful page cache for bytes ignis reads again only after they left the arena). A read
-  with O_DIRECT verifies the checksum of what is really on the disk, not of a cached copy. And it is faster where
-  the page cache is slow to fill: measured on this VM (ext4 on virtio), 368 MB written with fsync after a 5 s idle
-  pause: ~300 MB/s buffered (the page cache fills guest memory the host backs lazily), ~2500 MB/s with O_DIRECT;
-  read back from the disk with O_DIRECT ~2200 MB/s. (A hot page-cache read is memory bandwidth, ~15 GB/s, but a
-  file is read back once, after its bytes left KV-RAM, and is then in the arena again.)
-- O_DIRECT is set on the descriptor with ``fcntl(F_SETFL)`` once the file is open (a write creates it with
-  O_EXCL as before; a read has already read the small header through the page cache): a filesystem that refuses
-  it (EINVAL: some FUSE, overlay or older tmpfs) keeps the buffered descriptor, the path of format version 2, with
-  nothing left to undo (an ``open(O_CREAT | O_EXCL | O_DIRECT)`` refused there may already have created the file).
-  ``IGNIS_KV_DISK_DIRECT=0`` in the environment forces buffered I/O (read at each file).
+- Why the payload bypasses the page cache (O_DIRECT), how it is switched on and off, and the alignment helpers:
+  ``cache/disk_direct.py``.
 - O_DIRECT needs the memory address, the length and the file offset of each transfer aligned (4096 here,
   ``disk_format.PAYLOAD_ALIGN``); the caller's buffers (arena extents, bytearrays) are not. So the payload moves
   through two page-aligned bounce buffers of CHUNK_BYTES (anonymous mmap, from a small pool: not one per file). A
@@ -49,15 +39,12 @@ Direct I/O (format version 3 aligns the payload for it):
 """
 from __future__ import annotations
 
-import errno
-import fcntl
 import mmap
 import os
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures import Future
 
+from ignisd.cache import disk_direct, disk_hash
 from ignisd.cache.disk_format import (
     PAYLOAD_ALIGN,
     DiskRecord,
@@ -68,133 +55,17 @@ from ignisd.cache.disk_format import (
 )
 
 CHUNK_BYTES = 8 << 20                    # one read, write or hash step: 8 MiB (fits the L3 it is hashed from)
-INLINE_HASH_BYTES = 1 << 20              # smaller slices are hashed on the calling thread (a handoff costs more)
-DIRECT_ENV = "IGNIS_KV_DISK_DIRECT"      # "0": buffered I/O even where O_DIRECT works
-_O_DIRECT = getattr(os, "O_DIRECT", 0)
-_POOL_KEEP = 2                           # idle bounce-buffer pairs kept for the next file
-_helpers: dict[str, ThreadPoolExecutor] = {}
-_helper_lock = threading.Lock()
-_pool: list[tuple[int, tuple[mmap.mmap, mmap.mmap]]] = []
-_pool_lock = threading.Lock()
 
-
-def _helper(name: str) -> ThreadPoolExecutor:
-    with _helper_lock:
-        if name not in _helpers:
-            _helpers[name] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ignis-kv-{name}")
-        return _helpers[name]
-
-
-def _hash_thread() -> ThreadPoolExecutor:
-    return _helper("hash")
-
-
-def direct_enabled() -> bool:
-    """Whether KV-disk I/O tries O_DIRECT: the platform has it and ``IGNIS_KV_DISK_DIRECT`` is not "0"."""
-    return bool(_O_DIRECT) and os.environ.get(DIRECT_ENV, "1").strip() != "0"
-
-
-def _set_direct(fd: int) -> None:
-    """Turn O_DIRECT on for `fd`. Raises OSError (EINVAL where the filesystem does not support it)."""
-    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | _O_DIRECT)
-
-
-def _try_direct(fd: int) -> bool:
-    """Whether `fd` now does O_DIRECT I/O: allowed (``direct_enabled``) and accepted by the filesystem. Any other
-    error than EINVAL (or EOPNOTSUPP) is raised."""
-    if not direct_enabled():
-        return False
-    try:
-        _set_direct(fd)
-    except OSError as e:
-        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
-            return False
-        raise
-    return True
-
-
-def _round_up(n: int) -> int:
-    return -(-n // PAYLOAD_ALIGN) * PAYLOAD_ALIGN
-
-
-def _aligned(view: memoryview) -> bool:
-    """Whether O_DIRECT can write `view` as it is: its address and length are multiples of PAYLOAD_ALIGN (False
-    without numpy, which tells the address: the control plane may run without it)."""
-    if view.nbytes == 0 or view.nbytes % PAYLOAD_ALIGN:
-        return False
-    try:
-        import numpy
-    except ImportError:
-        return False
-    return numpy.frombuffer(view, dtype=numpy.uint8).ctypes.data % PAYLOAD_ALIGN == 0
 
 
 def _direct_chunk() -> int:
     """The payload slice of a direct transfer: CHUNK_BYTES rounded up to the alignment."""
-    return max(PAYLOAD_ALIGN, _round_up(CHUNK_BYTES))
+    return max(PAYLOAD_ALIGN, disk_direct.round_up(CHUNK_BYTES))
 
 
-@contextmanager
 def _bounce():
-    """Two page-aligned bounce buffers (byte memoryviews of anonymous mmaps) of max(``_direct_chunk()``, 2 blocks)
-    bytes, from the pool (allocated when none is free; up to _POOL_KEEP idle pairs are kept)."""
-    size = max(_direct_chunk(), 2 * PAYLOAD_ALIGN)
-    with _pool_lock:
-        found = next((i for i, (n, _) in enumerate(_pool) if n == size), None)
-        maps = _pool.pop(found)[1] if found is not None else None
-    if maps is None:
-        maps = (mmap.mmap(-1, size), mmap.mmap(-1, size))
-    views = tuple(memoryview(m) for m in maps)
-    try:
-        yield views
-    finally:
-        for v in views:
-            v.release()
-        with _pool_lock:
-            if len(_pool) < _POOL_KEEP:
-                _pool.append((size, maps))
-
-
-class PipelinedHash:
-    """The payload checksum (``disk_format.payload_hasher``) of byte views fed in order; each large view is hashed
-    on the helper thread while the caller moves the next one. The caller must not change a fed view until the next
-    ``feed``, ``digest`` or ``close`` returns. Use ``close`` (or ``with``) so that no hash still runs on a buffer
-    after an error."""
-
-    def __init__(self):
-        self._h = payload_hasher()
-        self._pending: Future | None = None
-
-    def feed(self, view: memoryview) -> None:
-        """Add `view` (a byte memoryview) after everything fed before."""
-        self._wait()
-        if view.nbytes < INLINE_HASH_BYTES:
-            self._h.update(view)
-        else:
-            self._pending = _hash_thread().submit(self._h.update, view)
-
-    def digest(self) -> bytes:
-        """The 16-byte digest of everything fed."""
-        self._wait()
-        return self._h.digest()
-
-    def close(self) -> None:
-        """Wait for the hash in flight (its errors are dropped: the caller is already failing)."""
-        try:
-            self._wait()
-        except Exception:      # noqa: BLE001 - only reached while another error propagates
-            pass
-
-    def __enter__(self) -> PipelinedHash:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _wait(self) -> None:
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()
+    """``disk_direct.bounce`` of the payload slice (at least 2 blocks)."""
+    return disk_direct.bounce(max(_direct_chunk(), 2 * PAYLOAD_ALIGN))
 
 
 def chunks(*views: memoryview):
@@ -242,7 +113,7 @@ def read_payload(f, digest: bytes, views=None, total: int = 0) -> None:
     is left in O_DIRECT mode (read nothing more through ``f`` itself); else through the page cache. Raises
     FormatError("truncated") on a short read, FormatError("payload checksum") on a mismatch."""
     base = f.tell()
-    if base % PAYLOAD_ALIGN == 0 and _try_direct(f.fileno()):
+    if base % PAYLOAD_ALIGN == 0 and disk_direct.try_direct(f.fileno()):
         _read_direct(f.fileno(), base, digest, views, total if views is None else sum(v.nbytes for v in views))
         return
     if views is not None and sum(v.nbytes for v in views) > CHUNK_BYTES:
@@ -254,7 +125,7 @@ def read_payload(f, digest: bytes, views=None, total: int = 0) -> None:
                  for i, off in enumerate(range(0, total, CHUNK_BYTES)))
     else:
         parts = chunks(*views)
-    with PipelinedHash() as h:
+    with disk_hash.PipelinedHash() as h:
         for chunk in parts:
             if f.readinto(chunk) != chunk.nbytes:
                 raise FormatError("truncated")
@@ -270,58 +141,6 @@ def _pread_full(fd: int, view: memoryview, offset: int) -> None:
         if n == 0:
             raise FormatError("truncated")
         view, offset = view[n:], offset + n
-
-
-def _pread_direct(fd: int, buf: memoryview, need: int, offset: int) -> None:
-    """Read `need` bytes at aligned `offset` of O_DIRECT `fd` into aligned `buf`, asking for `need` rounded up to
-    the alignment: a last slice ends short, at the end of the file, which must not come before `need` bytes.
-    Raises FormatError("truncated")."""
-    want, got = _round_up(need), 0
-    while got < need:
-        n = os.preadv(fd, [buf[got:want]], offset + got)
-        got += n
-        if n == 0 or (got < need and got % PAYLOAD_ALIGN):     # the end of the file (an aligned read ends only
-            raise FormatError("truncated")                     # short there)
-
-
-def _two_way(digest: bytes, count: int, step, after=None) -> None:
-    """Run ``step(i, side)`` for i in range(count) on two threads, side 0 (this thread) taking the even i and side
-    1 (the "read" helper) the odd ones; ``step`` returns the byte view to hash, which is hashed right after view
-    i - 1 (one XXH3 state, in order); then ``after(i, side)`` runs (a copy out). Returns only once both threads
-    stopped (also on an error). Raises the first error, FormatError("payload checksum") on a mismatch."""
-    h = payload_hasher()
-    hashed = [threading.Event() for _ in range(count)]
-    stop = threading.Event()
-
-    def side(first: int) -> None:
-        try:
-            for i in range(first, count, 2):
-                if stop.is_set():
-                    return
-                view = step(i, first)
-                if i:
-                    hashed[i - 1].wait()
-                if stop.is_set():
-                    return
-                h.update(view)
-                hashed[i].set()
-                if after is not None:
-                    after(i, first)
-        except BaseException:
-            stop.set()                       # the other side stops at its next step instead of waiting for this one
-            for e in hashed:
-                e.set()
-            raise
-
-    other = _helper("read").submit(side, 1) if count > 1 else None
-    try:
-        side(0)
-    finally:
-        err = other.exception() if other is not None else None   # waits: no thread touches a buffer after this
-    if err is not None:
-        raise err
-    if h.digest() != digest:
-        raise FormatError("payload checksum")
 
 
 def _read_two_way(f, digest: bytes, views) -> None:
@@ -340,7 +159,7 @@ def _read_two_way(f, digest: bytes, views) -> None:
         _pread_full(fd, chunk, off)
         return chunk
 
-    _two_way(digest, len(parts), step)
+    disk_hash.two_way(digest, len(parts), step)
 
 
 def _read_direct(fd: int, base: int, digest: bytes, views, total: int) -> None:
@@ -353,7 +172,7 @@ def _read_direct(fd: int, base: int, digest: bytes, views, total: int) -> None:
     with _bounce() as bufs:
         def step(i: int, side: int) -> memoryview:
             need = min(size, total - i * size)
-            _pread_direct(fd, bufs[side], need, base + i * size)
+            disk_direct.pread_direct(fd, bufs[side], need, base + i * size)
             return bufs[side][:need]
 
         def copy_out(i: int, side: int) -> None:
@@ -362,7 +181,7 @@ def _read_direct(fd: int, base: int, digest: bytes, views, total: int) -> None:
                 piece[:] = bufs[side][pos:pos + piece.nbytes]
                 pos += piece.nbytes
 
-        _two_way(digest, count, step, copy_out if dest is not None else None)
+        disk_hash.two_way(digest, count, step, copy_out if dest is not None else None)
 
 
 def read_file(path, key: str, into=None) -> tuple[DiskRecord, memoryview, memoryview]:
@@ -404,12 +223,12 @@ def write_file(path, prefix: bytes, views, digest_at: int) -> None:
         raise ValueError(f"prefix of {prefix.nbytes} bytes, not a multiple of {PAYLOAD_ALIGN}")
     fd = _open(path)
     try:
-        if _try_direct(fd):
+        if disk_direct.try_direct(fd):
             _write_direct(fd, prefix, views, digest_at)
         else:
             _write_all(fd, prefix, 0)
             pos = prefix.nbytes
-            with PipelinedHash() as h:
+            with disk_hash.PipelinedHash() as h:
                 for chunk in chunks(*views):
                     _write_all(fd, chunk, pos)
                     h.feed(chunk)
@@ -437,7 +256,7 @@ def _write_direct(fd: int, prefix: memoryview, views, digest_at: int) -> None:
         def fill(i: int) -> memoryview:
             """Slice i hashed, and the view to write for it: the source itself when it is one aligned piece of
             whole blocks, else its bounce buffer holding it zero-padded to the alignment."""
-            if len(parts[i]) == 1 and _aligned(parts[i][0]):
+            if len(parts[i]) == 1 and disk_direct.aligned(parts[i][0]):
                 h.update(parts[i][0])
                 return parts[i][0]
             buf, pos = bufs[i % 2], 0
@@ -445,15 +264,15 @@ def _write_direct(fd: int, prefix: memoryview, views, digest_at: int) -> None:
                 buf[pos:pos + piece.nbytes] = piece
                 pos += piece.nbytes
             h.update(buf[:pos])
-            end = _round_up(pos)
+            end = disk_direct.round_up(pos)
             buf[pos:end] = bytes(end - pos)
             return buf[:end]
 
         def start(i: int) -> Future | None:
             if i >= len(parts):
                 return None
-            if sum(p.nbytes for p in parts[i]) >= INLINE_HASH_BYTES:
-                return _hash_thread().submit(fill, i)
+            if sum(p.nbytes for p in parts[i]) >= disk_hash.INLINE_HASH_BYTES:
+                return disk_hash.hash_thread().submit(fill, i)
             done = Future()
             done.set_result(fill(i))
             return done
@@ -470,7 +289,7 @@ def _write_direct(fd: int, prefix: memoryview, views, digest_at: int) -> None:
         if total % PAYLOAD_ALIGN:
             os.ftruncate(fd, base + total)               # the last slice was padded: cut to the exact size
         lo = digest_at // PAYLOAD_ALIGN * PAYLOAD_ALIGN  # the block(s) of the prefix that hold the digest, again
-        hi = _round_up(digest_at + 16)
+        hi = disk_direct.round_up(digest_at + 16)
         bufs[0][:hi - lo] = prefix[lo:hi]
         bufs[0][digest_at - lo:digest_at - lo + 16] = h.digest()
         _write_all(fd, bufs[0][:hi - lo], lo)
@@ -483,7 +302,7 @@ def probe(directory, nbytes: int = 8 << 20) -> tuple[float, float, bool]:
     module would use it (`direct`: whether it did; else buffered, and the read then comes from the page cache).
     Bandwidth: bytes moved both ways over the time of the write and the read. The probe file is removed. Raises
     any OSError of the disk (no space, a read-only or missing directory)."""
-    n = max(PAYLOAD_ALIGN, _round_up(nbytes))
+    n = max(PAYLOAD_ALIGN, disk_direct.round_up(nbytes))
     path = os.path.join(directory, f".probe-{os.getpid()}")
     buf = mmap.mmap(-1, n)              # page-aligned; freed with its last reference (an OSError's traceback may
     buf.write(os.urandom(n))            # still hold a view of it, so it is not closed by hand)
@@ -493,7 +312,7 @@ def probe(directory, nbytes: int = 8 << 20) -> tuple[float, float, bool]:
         created = True
         try:
             t0 = time.perf_counter()
-            direct = _try_direct(fd)
+            direct = disk_direct.try_direct(fd)
             _write_all(fd, memoryview(buf)[:PAYLOAD_ALIGN], 0)
             _fsync(fd)
             t1 = time.perf_counter()
@@ -503,7 +322,7 @@ def probe(directory, nbytes: int = 8 << 20) -> tuple[float, float, bool]:
             os.close(fd)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            _try_direct(fd)
+            disk_direct.try_direct(fd)
             _pread_full(fd, memoryview(buf), 0)
         finally:
             os.close(fd)

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from ignisd.cache import disk_io
+from ignisd.cache import disk_direct
 
 
 @pytest.fixture(params=["direct", "buffered"])
@@ -13,13 +13,13 @@ def io_mode(request, monkeypatch, tmp_path) -> str:
     """Each KV-disk I/O mode: "direct" (O_DIRECT; skipped, saying why, where tmp_path's filesystem refuses it) and
     "buffered" (IGNIS_KV_DISK_DIRECT=0: through the page cache)."""
     if request.param == "buffered":
-        monkeypatch.setenv(disk_io.DIRECT_ENV, "0")
+        monkeypatch.setenv(disk_direct.DIRECT_ENV, "0")
     else:
-        monkeypatch.delenv(disk_io.DIRECT_ENV, raising=False)
+        monkeypatch.delenv(disk_direct.DIRECT_ENV, raising=False)
         probe = tmp_path / ".direct-probe"
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT, 0o600)
         try:
-            disk_io._set_direct(fd)
+            disk_direct.set_direct(fd)
         except OSError as e:
             pytest.skip(f"the filesystem of {tmp_path} refuses O_DIRECT ({e.strerror})")
         finally:

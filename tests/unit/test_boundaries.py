@@ -23,7 +23,7 @@ CONTROL_PLANE = [
     "ignisd.cache.manager", "ignisd.cache.placement", "ignisd.cache.page_pool", "ignisd.cache.state_slots",
     "ignisd.cache.prefix_index", "ignisd.cache.retained", "ignisd.cache.retained_state", "ignisd.cache.kv_format",
     "ignisd.cache.extents", "ignisd.cache.tiers", "ignisd.cache.disk_format", "ignisd.cache.disk_io",
-    "ignisd.cache.disk_store",
+    "ignisd.cache.disk_direct", "ignisd.cache.disk_hash", "ignisd.cache.disk_store",
     "ignisd.disk_traffic", "ignisd.cache.disk_states", "ignisd.cache.live_eviction", "ignisd.eviction",
     "ignisd.cache.admission", "ignisd.cache.ranking", "ignisd.reuse_report",
     "ignis_client.protocol", "ignis_client.divergence", "ignis_client.status_view",

@@ -11,7 +11,7 @@ import os
 import pytest
 import xxhash
 
-from ignisd.cache import disk_io
+from ignisd.cache import disk_direct, disk_hash, disk_io
 from ignisd.cache.disk_format import DiskRecord, FormatError, digest_offset, encode_header, file_prefix
 
 STAMP = ("struct-abc", "f16-v1", "none")
@@ -37,7 +37,7 @@ def write(path, r: DiskRecord, pages: bytes, image: bytes) -> None:
 @pytest.fixture(params=[40, 1 << 20, 8 << 20], ids=["40B", "1MiB", "8MiB"])
 def chunk(request, monkeypatch):
     monkeypatch.setattr(disk_io, "CHUNK_BYTES", request.param)
-    monkeypatch.setattr(disk_io, "INLINE_HASH_BYTES", min(request.param, disk_io.INLINE_HASH_BYTES))
+    monkeypatch.setattr(disk_hash, "INLINE_HASH_BYTES", min(request.param, disk_hash.INLINE_HASH_BYTES))
     return request.param
 
 
@@ -45,7 +45,7 @@ def test_pipelined_hash_equals_one_shot_xxh3(chunk):
     data = hashlib.shake_256(b"hash me").digest(3 * chunk + 17)
     views = list(disk_io.chunks(memoryview(data)))
     assert b"".join(views) == data and all(v.nbytes <= chunk for v in views)
-    with disk_io.PipelinedHash() as h:
+    with disk_hash.PipelinedHash() as h:
         for v in views:
             h.feed(v)
         got = h.digest()
@@ -141,7 +141,7 @@ def test_a_read_into_views_two_ways_equals_the_file_and_stops_both_threads_on_a_
             f.read(head)
             with pytest.raises(FormatError, match="truncated"):
                 disk_io.read_payload(f, xxhash.xxh3_128(data).digest(), total=len(data))
-    assert disk_io._helper("read").submit(lambda: 1).result() == 1     # the helper is free again
+    assert disk_hash.helper("read").submit(lambda: 1).result() == 1     # the helper is free again
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def used(monkeypatch) -> list[str]:
 def test_each_mode_round_trips_payloads_of_any_size_at_an_aligned_offset(tmp_path, monkeypatch, io_mode, used,
                                                                          n_pages, page_bytes, layout):
     monkeypatch.setattr(disk_io, "CHUNK_BYTES", 8192)
-    monkeypatch.setattr(disk_io, "INLINE_HASH_BYTES", 4096)     # full slices go through the hash helper
+    monkeypatch.setattr(disk_hash, "INLINE_HASH_BYTES", 4096)     # full slices go through the hash helper
     r = rec(n_pages=n_pages, page_bytes=page_bytes, layout=layout)
     pages, image = payload(r)
     path = tmp_path / (r.key + ".ignkv")
@@ -210,16 +210,16 @@ def test_a_filesystem_that_refuses_o_direct_gets_the_buffered_path(tmp_path, mon
 
     def refuse(fd):
         raise OSError(errno.EINVAL, "Invalid argument")
-    monkeypatch.setattr(disk_io, "_set_direct", refuse)
+    monkeypatch.setattr(disk_direct, "set_direct", refuse)
     used.clear()
     path = tmp_path / (r.key + ".ignkv")
     write(path, r, pages, image)
     assert path.read_bytes() == (tmp_path / "direct").read_bytes()
     assert disk_io.read_file(path, r.key) == (r, pages, image) and used == []
-    monkeypatch.setattr(disk_io, "_set_direct", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "injected")))
+    monkeypatch.setattr(disk_direct, "set_direct", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "injected")))
     with pytest.raises(OSError, match="injected"):
         write(tmp_path / "other", r, pages, image)
-    monkeypatch.setenv(disk_io.DIRECT_ENV, "0")               # the switch: never tried
+    monkeypatch.setenv(disk_direct.DIRECT_ENV, "0")               # the switch: never tried
     write(tmp_path / "buffered", r, pages, image)
     assert (tmp_path / "buffered").read_bytes() == path.read_bytes() and used == []
 
@@ -242,8 +242,8 @@ def test_an_aligned_source_is_written_without_the_bounce_copy(tmp_path, monkeypa
     mem = mmap.mmap(-1, 4096 + r.pages_bytes)
     mem[shift:shift + r.pages_bytes] = pages
     seen = []
-    real = disk_io._aligned
-    monkeypatch.setattr(disk_io, "_aligned", lambda v: seen.append(real(v)) or seen[-1])
+    real = disk_direct.aligned
+    monkeypatch.setattr(disk_direct, "aligned", lambda v: seen.append(real(v)) or seen[-1])
     path = tmp_path / (r.key + ".ignkv")
     header = encode_header(r)
     src = memoryview(mem)[shift:shift + r.pages_bytes]
@@ -262,13 +262,13 @@ def test_probe_moves_its_bytes_in_the_files_mode_and_leaves_nothing(tmp_path, mo
     set on both descriptors in direct mode, never in buffered mode), removes its file, and fails on a missing
     directory with the OSError."""
     modes = []
-    real = disk_io._set_direct
+    real = disk_direct.set_direct
 
     def spy(fd):
         modes.append("direct")
         return real(fd)
 
-    monkeypatch.setattr(disk_io, "_set_direct", spy)
+    monkeypatch.setattr(disk_direct, "set_direct", spy)
     lat, bw, direct = disk_io.probe(tmp_path, nbytes=3 * 4096 + 5)  # rounded up to 4 blocks
     assert 0 <= lat < 5 and 0 < bw < float("inf") and direct == (io_mode == "direct")
     assert modes == (["direct", "direct"] if io_mode == "direct" else [])

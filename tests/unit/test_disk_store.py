@@ -22,7 +22,7 @@ import aiofiles.os
 import pytest
 import xxhash
 
-from ignisd.cache import disk_format, disk_io, disk_store
+from ignisd.cache import disk_direct, disk_format, disk_io, disk_store
 from ignisd.cache.disk_format import DiskRecord, file_bytes
 from ignisd.cache.disk_store import CorruptFile, DirectoryLocked, DiskFull, DiskStore
 
@@ -489,7 +489,7 @@ def test_an_io_error_during_write_leaves_nothing_and_raises(store, monkeypatch, 
     assert listing(store.directory) == [keep.key + ".ignkv"] and store.used_bytes == keep_size
     monkeypatch.undo()
     if io_mode == "buffered":
-        monkeypatch.setenv(disk_io.DIRECT_ENV, "0")
+        monkeypatch.setenv(disk_direct.DIRECT_ENV, "0")
     run(store.write(r, *payload(r)))                     # serving goes on
     assert store.read_sync(r.key)[0] == r
 
@@ -582,7 +582,7 @@ def test_a_tmpfs_that_fills_up_raises_and_leaves_no_temporary(tiny_fs, monkeypat
     """On a 64 KiB tmpfs, with O_DIRECT (this kernel's tmpfs takes it; an older one refuses it, EINVAL, and the
     buffered fallback serves) or buffered."""
     if direct == "buffered":
-        monkeypatch.setenv(disk_io.DIRECT_ENV, "0")
+        monkeypatch.setenv(disk_direct.DIRECT_ENV, "0")
     with DiskStore(tiny_fs / "kv", 1 << 30) as s:        # the ceiling is far above the 64 KiB filesystem
         s.scan(STAMP)
         done, err = [], None
