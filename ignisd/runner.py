@@ -14,6 +14,7 @@ import warnings
 import torch
 
 from ignisd.cache import transfer
+from ignisd.cache.disk_format import PAYLOAD_ALIGN
 from ignisd.model.batch import ForwardBatch, SeqChunk
 from ignisd.plan import MOVE_TO_RAM, MOVE_TO_STAGE, ItemResult, PlanItem, RestoreOp, RoundPlan, RoundResult, TierMove
 from ignisd.sampling import make_generator, sample_row, token_logprobs
@@ -24,8 +25,8 @@ def _page_aligned(nbytes: int) -> torch.Tensor:
     """An uninitialised uint8 host tensor of `nbytes` whose data starts on a 4096-byte boundary: the bytes of a
     "to_bytes" move go to a KV-disk file, and O_DIRECT writes aligned whole blocks straight from them instead of
     through a bounce buffer (cache/disk_io.py)."""
-    buf = torch.empty(nbytes + 4096, dtype=torch.uint8)
-    off = -buf.data_ptr() % 4096
+    buf = torch.empty(nbytes + PAYLOAD_ALIGN, dtype=torch.uint8)
+    off = -buf.data_ptr() % PAYLOAD_ALIGN
     return buf[off:off + nbytes]
 
 

@@ -25,7 +25,7 @@ import os
 import threading
 from contextlib import contextmanager
 
-from ignisd.cache.disk_format import PAYLOAD_ALIGN, FormatError
+from ignisd.cache.disk_format import PAYLOAD_ALIGN, FormatError, round_up
 
 DIRECT_ENV = "IGNIS_KV_DISK_DIRECT"      # "0": buffered I/O even where O_DIRECT works
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
@@ -56,11 +56,6 @@ def try_direct(fd: int) -> bool:
             return False
         raise
     return True
-
-
-def round_up(n: int) -> int:
-    """`n` bytes rounded up to a multiple of PAYLOAD_ALIGN (4096)."""
-    return -(-n // PAYLOAD_ALIGN) * PAYLOAD_ALIGN
 
 
 def aligned(view: memoryview) -> bool:

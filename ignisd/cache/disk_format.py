@@ -249,9 +249,14 @@ def decode_header(raw: bytes) -> tuple[str, DiskRecord]:
         raise FormatError(f"header schema: {e}") from None
 
 
+def round_up(n: int) -> int:
+    """`n` bytes rounded up to a multiple of PAYLOAD_ALIGN (4096)."""
+    return -(-n // PAYLOAD_ALIGN) * PAYLOAD_ALIGN
+
+
 def payload_offset(header_len: int) -> int:
     """The file offset of the payload: 44 + header_len rounded up to a multiple of PAYLOAD_ALIGN (4096)."""
-    return -(-(FIXED_BYTES + header_len) // PAYLOAD_ALIGN) * PAYLOAD_ALIGN
+    return round_up(FIXED_BYTES + header_len)
 
 
 def file_bytes(record: DiskRecord) -> int:

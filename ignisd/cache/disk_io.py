@@ -52,6 +52,7 @@ from ignisd.cache.disk_format import (
     byte_view,
     payload_hasher,
     read_head,
+    round_up,
 )
 
 CHUNK_BYTES = 8 << 20                    # one read, write or hash step: 8 MiB (fits the L3 it is hashed from)
@@ -60,7 +61,7 @@ CHUNK_BYTES = 8 << 20                    # one read, write or hash step: 8 MiB (
 
 def _direct_chunk() -> int:
     """The payload slice of a direct transfer: CHUNK_BYTES rounded up to the alignment."""
-    return max(PAYLOAD_ALIGN, disk_direct.round_up(CHUNK_BYTES))
+    return max(PAYLOAD_ALIGN, round_up(CHUNK_BYTES))
 
 
 def _bounce():
@@ -264,7 +265,7 @@ def _write_direct(fd: int, prefix: memoryview, views, digest_at: int) -> None:
                 buf[pos:pos + piece.nbytes] = piece
                 pos += piece.nbytes
             h.update(buf[:pos])
-            end = disk_direct.round_up(pos)
+            end = round_up(pos)
             buf[pos:end] = bytes(end - pos)
             return buf[:end]
 
@@ -289,7 +290,7 @@ def _write_direct(fd: int, prefix: memoryview, views, digest_at: int) -> None:
         if total % PAYLOAD_ALIGN:
             os.ftruncate(fd, base + total)               # the last slice was padded: cut to the exact size
         lo = digest_at // PAYLOAD_ALIGN * PAYLOAD_ALIGN  # the block(s) of the prefix that hold the digest, again
-        hi = disk_direct.round_up(digest_at + 16)
+        hi = round_up(digest_at + 16)
         bufs[0][:hi - lo] = prefix[lo:hi]
         bufs[0][digest_at - lo:digest_at - lo + 16] = h.digest()
         _write_all(fd, bufs[0][:hi - lo], lo)
@@ -302,7 +303,7 @@ def probe(directory, nbytes: int = 8 << 20) -> tuple[float, float, bool]:
     module would use it (`direct`: whether it did; else buffered, and the read then comes from the page cache).
     Bandwidth: bytes moved both ways over the time of the write and the read. The probe file is removed. Raises
     any OSError of the disk (no space, a read-only or missing directory)."""
-    n = max(PAYLOAD_ALIGN, disk_direct.round_up(nbytes))
+    n = max(PAYLOAD_ALIGN, round_up(nbytes))
     path = os.path.join(directory, f".probe-{os.getpid()}")
     buf = mmap.mmap(-1, n)              # page-aligned; freed with its last reference (an OSError's traceback may
     buf.write(os.urandom(n))            # still hold a view of it, so it is not closed by hand)

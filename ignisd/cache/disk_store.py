@@ -4,7 +4,7 @@
 header crc32, payload length, payload XXH3-128, zero padding, then pages and image from a 4096-aligned offset) is
 specified in ``cache/disk_format.py``; files are named ``<DiskRecord.key>.ignkv``. The payload bypasses the page
 cache (O_DIRECT) where the filesystem allows it; ``IGNIS_KV_DISK_DIRECT=0`` forces buffered I/O (the reasons are
-in ``cache/disk_io.py``).
+in ``cache/disk_direct.py``).
 
 Rules of the store:
 
