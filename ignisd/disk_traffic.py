@@ -50,7 +50,12 @@ class DiskTraffic:
     @property
     def busy(self) -> bool:
         """A read or write is in flight."""
-        return any(not t.done() for t in self._running)
+        return self.in_flight > 0
+
+    @property
+    def in_flight(self) -> int:
+        """KV-disk file reads and writes started and not yet settled (the `status` disk row's ``in_flight``)."""
+        return sum(1 for t in self._running if not t.done())
 
     def written_out(self, snapshots: dict[str, bytes]) -> None:
         """A round produced these states' bytes: keep them for restores and start writing their files."""

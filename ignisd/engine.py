@@ -17,6 +17,7 @@ from ignisd.request import Cancel, DoneEvent, ErrorEvent, FinishReason, Request,
 from ignisd.plan import RoundPlan
 from ignisd.scheduler import Scheduler
 from ignisd.sequence import AdmissionError, QueueFull
+from ignisd.vocab import DISK
 
 log = get_logger("sched")
 
@@ -281,11 +282,16 @@ class Engine:
 
     def status(self) -> dict:
         """The engine's part of the `status` op: lanes, queue, requests, and the cache's kv_pool, slots, tiers,
-        retained and live_states."""
+        retained and live_states; the disk tier's row gains ``in_flight`` (KV-disk file reads and writes running
+        now)."""
         c = self.scheduler.counts()
+        cache = self.cache.status()
+        for row in cache.get("tiers", ()):
+            if row["tier"] == DISK:          # files being read or written now (their bytes still in memory)
+                row["in_flight"] = self.disk.in_flight
         return {
             "lanes": {k: c[k] for k in ("total", "prefill", "decode", "evicted")},
             "queue": {"waiting": c["waiting"]},
             "requests": self.scheduler.requests(),
-            **self.cache.status(),
+            **cache,
         }

@@ -139,6 +139,18 @@ class DaemonProc:
                 raise AssertionError(f"daemon did not return to idle: {st}")
             time.sleep(0.05)
 
+    def metrics(self, until: str | None = None, at_least: float = 1.0, timeout: float = 30.0) -> str:
+        """The daemon's Prometheus text; with `until` (a sample's name and labels, as printed), polled until that
+        sample reaches `at_least` or `timeout` (s) passed: for counters of KV-disk work that lands after its request
+        ended."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.conn().request({"id": "m", "op": "metrics"})["result"]["text"]
+            if until is None or time.monotonic() > deadline or any(
+                    ln.startswith(until + " ") and float(ln.split()[-1]) >= at_least for ln in text.splitlines()):
+                return text
+            time.sleep(0.05)
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

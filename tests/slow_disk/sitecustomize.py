@@ -1,0 +1,15 @@
+"""Test seam: a daemon started with this folder on PYTHONPATH and IGNIS_TEST_WRITE_DELAY_S=<seconds> waits that long
+before each KV-disk file write (cache/disk_io.write_file), as a slow or busy disk would; the write itself is real."""
+import os
+import time
+
+if os.environ.get("IGNIS_TEST_WRITE_DELAY_S"):
+    import ignisd.cache.disk_io as _disk_io
+
+    _write_file = _disk_io.write_file
+
+    def _slow_write_file(*args, **kwargs):
+        time.sleep(float(os.environ["IGNIS_TEST_WRITE_DELAY_S"]))
+        return _write_file(*args, **kwargs)
+
+    _disk_io.write_file = _slow_write_file
