@@ -7,8 +7,10 @@ read (duck-typed: cache/ never imports model/).
 
 The dense formats (fp32, bf16) store K and V as they are: page buffers "k" and "v", each [Hkv, d] per token and
 layer in the format's dtype, and no per-sequence state. hq-e8-2b (HQ_E8_2B.md, `HQFormat`) stores per token and
-layer a 2-bit E8P record per (kind, KV head): "codes" int16 [2, Hkv, d/8], "scale" float32 [2, Hkv], "resid" and
-"norm" float16 [2, Hkv] (index 0 keys, 1 values; 16·d/8 + 8 bytes a head-token, §1.2), and as per-sequence state
+layer a 2-bit E8P record per (kind, KV head): "codes" int16 [2, Hkv, d/8], "scale" float32 [2, Hkv], "resid"
+float16 [2, Hkv] (index 0 keys, 1 values) and "center" uint8 [Hkv, 4] (the page's key centre, spread over its token
+rows in the bytes of the spec's "norm": ignis_kernels.kvq.page_center; 16·d/8 + 8 bytes a head-token, §1.2), and as
+per-sequence state
 its exact recent window ("kv_window") and exact sinks ("kv_sinks") in the rotated domain (§4.3), and with key (or
 key/value) centering on (§4.3 "Key centering"; keys by default) the sequence's centre ("kv_center").
 
@@ -168,14 +170,19 @@ class HQFormat(KVFormat):
         return (self.exact_window_pages + 1) * self.page_tokens
 
     def page_buffers(self, geom: Geometry) -> list[BufferSpec]:
-        """Per token and layer: codes int16 [2, Hkv, d/8], scale float32 [2, Hkv], resid float16 [2, Hkv], norm
-        float16 [2, Hkv] (HQ_E8_2B.md §1.2; kind 0 keys, 1 values). Raises ValueError unless d is a power of two
-        >= 8."""
+        """Per token and layer: codes int16 [2, Hkv, d/8], scale float32 [2, Hkv], resid float16 [2, Hkv] (HQ_E8_2B.md
+        §1.2; kind 0 keys, 1 values) and center uint8 [Hkv, 4]: the page key centre (ignis_kernels.kvq.page_center)
+        in the 4 bytes a head-token of the spec's key and value "norm" (derivable, never read: N² = ŝ²‖c‖² − R²).
+        Raises ValueError unless d is a power of two >= 8 and at most 4·page_tokens (the centre's d values fit in a
+        page's 4·pt bytes a head)."""
         h, d = int(geom.num_kv_heads), int(geom.head_dim)
         if d < 8 or d & (d - 1):
             raise ValueError(f"hq-e8-2b needs a power-of-two head_dim >= 8, got {d}")
+        if d > 4 * self.page_tokens:
+            raise ValueError(f"hq-e8-2b: head_dim {d} needs pages of at least {d // 4} tokens for the page key "
+                             f"centre, got {self.page_tokens}")
         return [BufferSpec("codes", (2, h, d // 8), "int16"), BufferSpec("scale", (2, h), "float32"),
-                BufferSpec("resid", (2, h), "float16"), BufferSpec("norm", (2, h), "float16")]
+                BufferSpec("resid", (2, h), "float16"), BufferSpec("center", (h, 4), "uint8")]
 
     def seq_state_buffers(self, geom: Geometry) -> list[BufferSpec]:
         """Per state slot: "kv_window" [L, 2, R, Hkv, d] (ring, slot = position % R) and, when exact_sinks > 0,
@@ -204,11 +211,14 @@ class HQFormat(KVFormat):
 
     @property
     def stamp(self) -> str:
-        """name/w<Wp pages>/s<sinks>[/ckr | /cr]/<exact dtype>/seed<FORMAT_SEED hex> ("/ckr": key centering, "/cr":
-        key/value centering, the key centre on the RoPE-stable dims; "/ck" and "/c" were the centre on every dim):
-        two daemons with another window, sink count, centering or seed keep incompatible images and pages."""
+        """name/w<Wp pages>/s<sinks>[/ckr | /cr]/pc/<exact dtype>/seed<FORMAT_SEED hex> ("/ckr": key centering,
+        "/cr": key/value centering, the key centre on the RoPE-stable dims; "/ck" and "/c" were the centre on every
+        dim; "/pc": pages carry their key centre, ignis_kernels.kvq.page_center, where earlier pages carried the
+        norm): two daemons with another window, sink count, centering, page layout or seed keep incompatible images
+        and pages."""
         c = {"": "", "k": "/ckr", "kv": "/cr"}[self.centering]
-        return f"{self.name}/w{self.exact_window_pages}/s{self.exact_sinks}{c}/{self.exact_dtype}/seed6871653832620001"
+        return (f"{self.name}/w{self.exact_window_pages}/s{self.exact_sinks}{c}/pc/{self.exact_dtype}"
+                f"/seed6871653832620001")
 
 
 KV_FORMATS: dict[str, KVFormat] = {

@@ -17,7 +17,8 @@ chunks of several sequences, each with its state slot):
 2. gather, per prefill chunk, the exact tokens its sequence's ring holds before the chunk (the window's start
    through the chunk's start) — before step 4 overwrites them;
 3. encode every page that leaves the window during the chunk (pages [encoded_pages(start), encoded_pages(end)),
-   their 64 exact tokens from the ring and the chunk) into the pool, all pages of the layer in one encoder call;
+   their 64 exact tokens from the ring and the chunk) into the pool, all pages of the layer in one encoder call,
+   each page's keys relative to its key centre (ignis_kernels.kvq.page_center);
 4. write the chunk's tokens into the ring (slot = position % R) and its sink positions (< S) into the sinks;
 5. return what attention reads: an ExactSpan per prefill chunk (window start .. chunk end, exact), and one
    ExactRing for the batch's decode rows (each ring after the write).
@@ -33,6 +34,7 @@ import torch
 
 import ignis_kernels.kvq as kvq
 from ignis_kernels.attention import ExactRing, ExactSpan, PagedView, window_start
+from ignis_kernels.kvq import page_center
 from ignis_kernels.kvq.rotation import layer_signs, rotate, unrotate
 from ignisd.cache.kv_format import Geometry, KVFormat, KVGeometry
 from ignisd.vocab import PAGE_TOKENS
@@ -150,10 +152,23 @@ class KVStore:
             raise ValueError(f"KVStore: format {self.kv_format!r} keeps no exact window; use write()")
         return write_exact(self, layer, k, v, plan, states)
 
-    def encode_into(self, layer: int, slots: torch.Tensor, u: torch.Tensor) -> None:
+    def encode_into(self, layer: int, slots: torch.Tensor, u: torch.Tensor, first: torch.Tensor | None = None
+                    ) -> None:
         """Encode exact rotated tokens into the pool: u [N, 2, Hkv, d] (N tokens, kind 0 keys, 1 values) at pool
-        slots `slots` (LongTensor [N]) of attention layer `layer`, every page buffer at once."""
-        fields = self._quantize(u.float(), self.signs[layer])
+        slots `slots` (LongTensor [N]) of attention layer `layer`, every page buffer at once. hq-e8-2b: N is whole
+        pages (their slots in position order), each page's keys encoded relative to its key centre, which its
+        "center" bytes keep (ignis_kernels.kvq.page_center); first: BoolTensor [N / pt] marking a sequence's page
+        0, whose sink positions stay out of its centre (None: no page 0)."""
+        u = u.float()
+        if self.format.tag == "hq-e8-2b":
+            pt = self.page_tokens
+            mu = page_center.page_means(u, pt, first, getattr(self.format, "exact_sinks", 0))   # [n, Hkv, d]
+            u = u.clone()
+            u[:, 0] -= mu.repeat_interleave(pt, dim=0)
+            fields = self._quantize(u, self.signs[layer])
+            fields["center"] = page_center.pack(mu, pt).reshape(u.shape[0], *u.shape[2:3], 4)
+        else:
+            fields = self._quantize(u, self.signs[layer])
         for name, t in fields.items():
             buf = self._buffers[name][layer]
             buf.index_copy_(0, slots, t.reshape(u.shape[0], *buf.shape[1:]).to(buf.dtype))
@@ -170,6 +185,9 @@ class KVStore:
         domain, x̂ = s ⊙ H·(ŝ c)/√d (§2.5; tests and debugging only): float32 [S, Hkv, d] each."""
         b = self._buffers
         u = kvq.decode_rotated(b["codes"][layer].index_select(0, slots), b["scale"][layer].index_select(0, slots))
+        pt, d = self.page_tokens, self.geometry.head_dim
+        block = b["center"][layer].view(self.num_pages, pt, -1, 4).index_select(0, slots // pt)
+        u[:, 0] += page_center.unpack(block, d)                                # μ_K of each slot's page
         sg = self.signs[layer]
         return kvq.unrotate(u[:, 0], sg[0]), kvq.unrotate(u[:, 1], sg[1])
 
@@ -196,10 +214,10 @@ class KVStore:
 
 
 def _e8p_fields(u: torch.Tensor, signs: torch.Tensor) -> dict[str, torch.Tensor]:
-    """hq-e8-2b's record fields of rotated vectors u [N, 2, Hkv, d] (ignis_kernels.kvq.encode_rotated; the signs
-    are not needed: the record codes the rotated vector)."""
-    codes, scale, resid, norm = kvq.encode_rotated(u)
-    return {"codes": codes, "scale": scale, "resid": resid, "norm": norm}
+    """hq-e8-2b's code, scale and resid of rotated vectors u [N, 2, Hkv, d] (ignis_kernels.kvq.encode_rotated; the
+    signs are not needed: the record codes the rotated vector; its norm is not stored, see page_center)."""
+    codes, scale, resid, _ = kvq.encode_rotated(u)
+    return {"codes": codes, "scale": scale, "resid": resid}
 
 
 def _take_ring(win: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, ring: int) -> torch.Tensor:
@@ -251,6 +269,7 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
     dev = u.device
     enc_rows: list[torch.Tensor] = []
     enc_slots: list[torch.Tensor] = []
+    enc_first: list[torch.Tensor] = []                                      # per encoded page: a page 0?
     offs = torch.arange(pt, device=dev)
     spans = []
     for row, n, start, pages, slot in plan.prefill:
@@ -277,6 +296,7 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
         if e1 > e0:
             enc_rows.append(full[e0 * pt - lo:e1 * pt - lo])
             enc_slots.append((pages[e0:e1].to(dev)[:, None] * pt + offs).reshape(-1))
+            enc_first.append(torch.arange(e0, e1, device=dev) == 0)
         w0 = max(start, end - ring)
         win.permute(0, 2, 1, 3, 4)[slot, torch.arange(w0, end, device=dev) % ring] = un[w0 - start:]
         if sinks is not None and start < n_sinks:
@@ -322,6 +342,7 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
             enc_rows.append(_take_ring(win, slots[si], q[:, None] * pt + offs, ring).reshape(-1, *u.shape[1:]))
             page = plan.decode_pages[si, q]
             enc_slots.append((page[:, None] * pt + offs).reshape(-1))
+            enc_first.append(q == 0)
         s0 = sl_[0] if one else 0
         if one:
             win[s0, :, pl[0] % ring] = ud[0]
@@ -335,5 +356,5 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
         w = (win[s0:s0 + 1] if one else win[slots]).float()                 # [B, 2, R, Hkv, d]
         ring_out = ExactRing(w[:, 0], w[:, 1], sk[:, 0], sk[:, 1], wp, cv)
     if enc_rows:
-        store.encode_into(layer, torch.cat(enc_slots), torch.cat(enc_rows))
+        store.encode_into(layer, torch.cat(enc_slots), torch.cat(enc_rows), torch.cat(enc_first))
     return spans, ring_out

@@ -4,8 +4,10 @@
  * Per sequence b, KV head h, query head i of its group (g = Hq / Hkv), with τ the softmax scale:
  *   q_s   = τ·H·(s_K ⊙ q)/√d                         the query rotated once (fast Walsh-Hadamard transform)
  *   cq    = ½·τ²·‖q‖²/d
- *   z_t   = (ŝ_t/4)·(q_s·w_t) − cq·resid_t²           compressed key t, w_t = 4·c_t (int8, exact: E8P coordinates
- *                                                      are multiples of 1/4, §1.1), positions [S, n_enc·pt)
+ *   z_t   = (ŝ_t/4)·(q_s·w_t) + q_s·μ_K[page(t)]      compressed key t, w_t = 4·c_t (int8, exact: E8P coordinates
+ *           − cq·resid_t²                              are multiples of 1/4, §1.1), positions [S, n_enc·pt); μ_K the
+ *                                                      page key centre (kvq/page_center.py: k̂_t = μ_K + ŝ_t·c_t),
+ *                                                      decoded from the page's "center" bytes, one dot a page
  *   z_t   = q_s·u_t                                   exact key t: ring slot (positions [lo, ctx)) or sink (< S)
  *   õ     = Σ_t p_t·((ŝ_t/4)·w_t or u_t), p = softmax(z)
  *   o     = s_V ⊙ H·õ/√d
@@ -42,6 +44,18 @@ static float half_to_float(uint16_t h) {
     } else {
         bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
     }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* float8 e4m3fn (sign 1, exponent 4 bits bias 7, mantissa 3 bits; subnormals at exponent 0; 0x7f / 0xff NaN, no
+ * infinities), exactly. */
+static float e4m3_to_float(uint8_t v) {
+    const uint32_t sign = (uint32_t)(v & 0x80u) << 24, exp = (v >> 3) & 0xfu, man = v & 0x7u;
+    if ((v & 0x7fu) == 0x7fu) return NAN;
+    if (exp == 0) return (sign ? -1.0f : 1.0f) * (float)man * (1.0f / 512);      /* man/8 · 2^(1−7) */
+    uint32_t bits = sign | ((exp + 127 - 7) << 23) | (man << 20);
     float f;
     memcpy(&f, &bits, 4);
     return f;
@@ -110,6 +124,8 @@ typedef struct {
     const int16_t *codes;    /* [P, pt, 2, Hkv, d/8] */
     const float *scale;      /* [P, pt, 2, Hkv] */
     const uint16_t *resid;   /* [P, pt, 2, Hkv] (float16 bits) */
+    const uint8_t *center;   /* [P, pt, Hkv, 4]: μ_K of (page, head) in the page's 4·pt bytes of that head */
+    int center_size;         /* bytes a centre value: 4 float32, 2 float16, 1 float8 e4m3fn; 0 no centre */
     const int64_t *words;    /* [65536] 8 × int8 = 4·c of code (int16 + 32768) */
     const int64_t *pages;    /* [B, W] page table */
     int64_t page_stride;     /* W */
@@ -122,6 +138,24 @@ typedef struct {
     const float *qs;         /* [B, Hkv, g, d] rotated, τ-scaled queries */
     const float *cq;         /* [B, Hkv, g] */
 } args_t;
+
+/* μ_K of (page, KV head h) decoded from its strided "center" bytes (byte b at ((page·pt + b/4)·Hkv + h)·4 + b%4,
+ * little-endian values of center_size bytes) into mu [d]. */
+static void page_center(const args_t *a, int64_t page, int h, int d, float *mu) {
+    const int64_t step = (int64_t)a->hkv * 4;           /* bytes from one token's 4 bytes of head h to the next */
+    const uint8_t *base = a->center + page * a->pt * step + (int64_t)h * 4;
+    if (a->center_size == 4) {                          /* float32: value e is token e's 4 bytes */
+        for (int e = 0; e < d; e++) memcpy(&mu[e], base + e * step, 4);
+    } else if (a->center_size == 2) {                   /* float16: values 2t, 2t + 1 in token t */
+        for (int e = 0; e < d; e++) {
+            uint16_t v;
+            memcpy(&v, base + (e >> 1) * step + 2 * (e & 1), 2);
+            mu[e] = half_to_float(v);
+        }
+    } else {                                            /* float8 e4m3fn: values 4t .. 4t + 3 in token t */
+        for (int e = 0; e < d; e++) mu[e] = e4m3_to_float(base[(e >> 2) * step + (e & 3)]);
+    }
+}
 
 /* The compressed tokens [t0, t1) of one (row, KV head): scores, their softmax partials and the weighted values.
  * Inlined with constant g and nb = d/8 for the common geometries (the loops unroll, the accumulators stay in
@@ -138,8 +172,26 @@ static inline __attribute__((always_inline)) void compressed(const args_t *a, co
     const int64_t *pages = a->pages + (int64_t)tk->b * a->page_stride;
     v8f qv[MAX_G * MAX_D / 8];                        /* the group's queries as 8-lane vectors */
     for (int i = 0; i < g * nb; i++) memcpy(&qv[i], qs + 8 * i, 32);
+    float qmu[MAX_G];                                 /* q_s·μ_K of the current page, per row of the group */
     for (int t = 0; t < n; t++) {
         int pos = tk->t0 + t;
+        if (t == 0 || pos % pt == 0) {                /* a new page: its centre's dot with each row, once */
+            if (a->center_size) {
+                float mu[MAX_D];
+                page_center(a, pages[pos / pt], tk->h, d, mu);
+                for (int i = 0; i < g; i++) {
+                    v8f s = (v8f){0, 0, 0, 0, 0, 0, 0, 0};
+                    for (int j = 0; j < nb; j++) {
+                        v8f mv;
+                        memcpy(&mv, mu + 8 * j, 32);
+                        s += qv[i * nb + j] * mv;
+                    }
+                    qmu[i] = hsum(s);
+                }
+            } else {
+                for (int i = 0; i < g; i++) qmu[i] = 0.f;
+            }
+        }
         int64_t rec = ((pages[pos / pt] * pt + pos % pt) * 2) * hkv + tk->h;   /* kind 0 (keys) */
         const int16_t *c = a->codes + rec * nb;
         v8f s8[MAX_G];
@@ -150,7 +202,7 @@ static inline __attribute__((always_inline)) void compressed(const args_t *a, co
         }
         float s4 = a->scale[rec] * 0.25f, r = half_to_float(a->resid[rec]), r2 = r * r;
         for (int i = 0; i < g; i++) {
-            float zz = s4 * hsum(s8[i]) - cq[i] * r2;
+            float zz = s4 * hsum(s8[i]) + qmu[i] - cq[i] * r2;
             z[i][t] = zz;
             if (zz > mx[i]) mx[i] = zz;
         }
@@ -235,15 +287,20 @@ static void run_task(const args_t *a, const task_t *tk, float *m_out, float *l_o
     free(zz);
 }
 
-/* Returns 0, or -1 for a geometry outside the compiled limits (g > MAX_G, d > MAX_D or not a power of two ≥ 8). */
+/* Returns 0, or -1 for a geometry outside the compiled limits (g > MAX_G, d > MAX_D or not a power of two ≥ 8) or a
+ * centre that does not fit its page (center_size not 0, 1, 2 or 4, or d·center_size > 4·pt). center: the layer's
+ * "center" buffer [P, pt, Hkv, 4] (unused when center_size is 0). */
 int hq_decode(const float *q, const float *signs, float tau, int bsz, int hq, int hkv, int d, int pt, int wp,
               int ring, int n_sinks, const int64_t *ctx, const int64_t *pages, int64_t page_stride,
-              const int16_t *codes, const float *scale, const uint16_t *resid, const int64_t *words,
+              const int16_t *codes, const float *scale, const uint16_t *resid, const uint8_t *center,
+              int center_size, const int64_t *words,
               const float *ring_k, const float *ring_v, int64_t rs_b, int64_t rs_r, int64_t rs_h,
               const float *sink_k, const float *sink_v, int64_t ss_b, int64_t ss_s, int64_t ss_h,
               const float *center_v, float *out) {
     const int g = hq / hkv;
     if (g > MAX_G || d > MAX_D || d < 8 || (d & (d - 1)) || g * hkv != hq) return -1;
+    if (center_size != 0 && (center == NULL || (center_size != 1 && center_size != 2 && center_size != 4)
+                             || d * center_size > 4 * pt)) return -1;
     const float inv = 1.0f / sqrtf((float)d);
     float *qs = malloc(sizeof(float) * (size_t)bsz * hq * d);
     float *cq = malloc(sizeof(float) * (size_t)bsz * hq);
@@ -277,8 +334,8 @@ int hq_decode(const float *q, const float *signs, float tau, int bsz, int hq, in
         }
     }
     float *part = malloc(sizeof(float) * (size_t)ntask * g * (d + 2));
-    args_t a = {codes, scale, resid, words, pages, page_stride, pt, hkv, g, d, ring_k, ring_v, sink_k, sink_v,
-                rs_b, rs_r, rs_h, ss_b, ss_s, ss_h, ring, n_sinks, wp, ctx, qs, cq};
+    args_t a = {codes, scale, resid, center, center_size, words, pages, page_stride, pt, hkv, g, d, ring_k, ring_v,
+                sink_k, sink_v, rs_b, rs_r, rs_h, ss_b, ss_s, ss_h, ring, n_sinks, wp, ctx, qs, cq};
     #pragma omp parallel for schedule(dynamic, 1) if (ntask > 1)
     for (int i = 0; i < ntask; i++) {
         float *p = part + (int64_t)i * g * (d + 2);

@@ -1,9 +1,10 @@
 """The fused CPU decode kernel over hq-e8-2b pages (hq_cpu.c), built on first use and called through ctypes.
 
 hq_cpu.c computes what hq_decode.hq_decode_attention computes (HQ_E8_2B.md §4.1-§4.3: the query rotated once, the
-compressed keys scored in the rotated domain with the variance correction, the exact ring and sinks, one softmax,
-the values un-rotated once) in one call per layer instead of about 45 torch operators: on the CPU a decode step's
-attention costs its operator count more than its bytes. Each row is computed alone, so a row's output does not
+compressed keys scored in the rotated domain with the variance correction and the page key centre's q̃·μ_K (one dot
+a page, kvq/page_center.py), the exact ring and sinks, one softmax, the values un-rotated once) in one call per layer
+instead of about 45 torch operators: on the CPU a decode step's attention costs its operator count more than its
+bytes. Each row is computed alone, so a row's output does not
 depend on the batch it is in, nor on the thread count (split-K partials merged in a fixed order).
 
 Built on first use by ignis_kernels.cbuild (the system C compiler, the kernel cache, OpenMP on the libgomp torch
@@ -19,11 +20,12 @@ import torch
 
 from ignis_kernels.attention.hq_decode import word_table
 from ignis_kernels.cbuild import Kernel
+from ignis_kernels.kvq.page_center import center_dtype
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _L = ctypes.c_int64
-_ARGTYPES = [_P, _P, ctypes.c_float, _I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _L, _P, _P, _P, _P,
+_ARGTYPES = [_P, _P, ctypes.c_float, _I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _L, _P, _P, _P, _P, _I, _P,
              _P, _P, _L, _L, _L, _P, _P, _L, _L, _L, _P, _P]
 KERNEL = Kernel(Path(__file__).with_name("hq_cpu.c"), "the fused hq-e8-2b CPU decode kernel",
                 {"hq_decode": (_ARGTYPES, ctypes.c_int)}, "IGNIS_HQ_CPU_KERNEL")
@@ -34,15 +36,23 @@ def _f32(t: torch.Tensor) -> bool:
     return t.dtype == torch.float32 and t.stride(-1) == 1
 
 
+def center_size(d: int, pt: int) -> int:
+    """Bytes of one value of the page key centre (page_center.center_dtype): 4, 2 or 1."""
+    return torch.finfo(center_dtype(d, pt)).bits // 8
+
+
 def supports(q: torch.Tensor, view, exact) -> bool:
     """Whether hq_decode_attention can take these arguments as they are (CPU tensors, contiguous pool buffers of the
-    expected dtypes, float32 exact parts with unit stride in d, a geometry within the C limits)."""
+    expected dtypes, the page key centre uint8 "center", float32 exact parts with unit stride in d, a geometry
+    within the C limits)."""
     b = view.buffers
-    codes, scale, resid = b["codes"], b["scale"], b["resid"]
+    codes, scale, resid, center = b["codes"], b["scale"], b["resid"], b.get("center")
     d = q.shape[-1]
     return (q.device.type == "cpu" and codes.dtype == torch.int16 and scale.dtype == torch.float32
             and resid.dtype == torch.float16 and codes.is_contiguous() and scale.is_contiguous()
-            and resid.is_contiguous() and _f32(exact.k) and _f32(exact.v) and exact.k.stride() == exact.v.stride()
+            and resid.is_contiguous() and center is not None and center.dtype == torch.uint8
+            and center.is_contiguous() and d <= 4 * view.page_tokens
+            and _f32(exact.k) and _f32(exact.v) and exact.k.stride() == exact.v.stride()
             and _f32(exact.sink_k) and _f32(exact.sink_v) and exact.sink_k.stride() == exact.sink_v.stride()
             and 8 <= d <= 256 and d & (d - 1) == 0 and q.shape[1] // view.params["signs"].shape[1] <= 16)
 
@@ -79,9 +89,10 @@ def hq_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, context
     rc = lib.hq_decode(
         qc.data_ptr(), signs.data_ptr(), tau, bsz, hq, hkv, d, pt, exact.window_pages, rk.shape[1], n_s,
         ctx.data_ptr(), pages.data_ptr(), pages.shape[1], b["codes"].data_ptr(), b["scale"].data_ptr(),
-        b["resid"].data_ptr(), words.data_ptr(), rk.data_ptr(), exact.v.data_ptr(), rk.stride(0), rk.stride(1),
-        rk.stride(2), sink_k.data_ptr(), sink_v.data_ptr(), sink_k.stride(0), sink_k.stride(1) if n_s else 0,
-        sink_k.stride(2), cv.data_ptr() if cv is not None else None, out.data_ptr())
+        b["resid"].data_ptr(), b["center"].data_ptr(), center_size(d, pt), words.data_ptr(), rk.data_ptr(),
+        exact.v.data_ptr(), rk.stride(0), rk.stride(1), rk.stride(2), sink_k.data_ptr(), sink_v.data_ptr(),
+        sink_k.stride(0), sink_k.stride(1) if n_s else 0, sink_k.stride(2), cv.data_ptr() if cv is not None else None,
+        out.data_ptr())
     if rc != 0:
         raise RuntimeError(f"hq_cpu: geometry outside the kernel's limits (Hq {hq}, Hkv {hkv}, d {d})")
     return out

@@ -3,7 +3,8 @@ paged_decode_attention for tag "hq-e8-2b".
 
 The same formulas as hq_reference.hq_paged_decode_attention (the specification, which still serves "hq-sim"):
     q_s = τ·H·(s_K ⊙ q)/√d                                 the query rotated (and scaled by τ) once
-    z_t = ŝ_t·(q_s·c_t) − ½·τ²·‖q‖²·resid_t²/d             compressed key t, codeword c_t (§4.1)
+    z_t = ŝ_t·(q_s·c_t) + q_s·μ_p − ½·τ²·‖q‖²·resid_t²/d   compressed key t on page p, codeword c_t (§4.1), page
+                                                           key centre μ_p (kvq/page_center.py)
     z_t = q_s·u_t                                          exact key t (ring slot or sink)
     o = s_V ⊙ H·(Σ_t p_t·(ŝ_t c_t or u_t))/√d              p = softmax(z) under the window rule (exact.py)
 but with fewer and cheaper torch operations, since on the CPU a decode step costs its operator count plus the bytes
@@ -29,6 +30,7 @@ from functools import lru_cache
 import torch
 
 from ignis_kernels.attention.hq_reference import _Online, rotate_queries, unrotate_output
+from ignis_kernels.kvq import page_center
 from ignis_kernels.kvq.codebook import decode_table
 
 DECODE_BLOCK_PAGES = 64
@@ -61,20 +63,30 @@ def decode_words(codes: torch.Tensor) -> torch.Tensor:
 
 
 def _fields(view, pages, run: int | None, n: int, b: int):
-    """codes int16 [b, n·pt, 2, Hkv, d/8], scale float32 [b, n·pt, 2, Hkv], resid float16 [b, n·pt, 2, Hkv] of the
-    first n pages of each row: a slice of the pool from page `run` (b = 1, consecutive pages), else gathered by
-    `pages` (LongTensor [b, n])."""
+    """codes int16 [b, n·pt, 2, Hkv, d/8], scale float32 [b, n·pt, 2, Hkv], resid float16 [b, n·pt, 2, Hkv] and the
+    page key centres μ float32 [b, n, Hkv, d] (kvq/page_center.py) of the first n pages of each row: a slice of the
+    pool from page `run` (b = 1, consecutive pages), else gathered by `pages` (LongTensor [b, n])."""
     out = []
-    for name in ("codes", "scale", "resid"):
+    for name in ("codes", "scale", "resid", "center"):
         t = view.buffers[name]
         t = t[run:run + n] if run is not None else t.index_select(0, pages.reshape(-1))
-        out.append(t.reshape(b, n * t.shape[1], *t.shape[2:]))
+        out.append(t.reshape(b, n * t.shape[1], *t.shape[2:]) if name != "center" else t)
+    d = out[0].shape[-1] * 8
+    out[3] = page_center.unpack(out[3], d).view(b, n, -1, d)
     return out
 
 
-def _compressed(qs, cq, codes, scale, resid):
+def _center_scores(qs, mu, pt: int, cut: int = 0):
+    """The page centres' share of the compressed scores, q_s·μ_p for every token of page p: qs [B, Hkv, g, d], mu
+    [B, n, Hkv, d] -> [B, Hkv, g, n·pt − cut] (the first `cut` token columns dropped)."""
+    zc = torch.matmul(qs, mu.permute(0, 2, 3, 1))                         # [B, Hkv, g, n]
+    return zc.repeat_interleave(pt, dim=-1)[..., cut:]
+
+
+def _compressed(qs, cq, codes, scale, resid, zc):
     """(scores [B, Hkv, g, m], weighted-values fn) of m compressed tokens for the rows qs [B, Hkv, g, d] (τ-scaled,
-    rotated), cq [B, Hkv, g] = ½τ²‖q‖²/d; codes [B, m, 2, Hkv, d/8], scale / resid [B, m, 2, Hkv]."""
+    rotated), cq [B, Hkv, g] = ½τ²‖q‖²/d; codes [B, m, 2, Hkv, d/8], scale / resid [B, m, 2, Hkv]; zc [B, Hkv, g, m]
+    the page centres' share (_center_scores)."""
     bsz, hkv, g, d = qs.shape
     m = codes.shape[1]
     x = decode_words(codes.permute(2, 0, 3, 1, 4))                        # [2, B, Hkv, m, d] = 4c
@@ -83,6 +95,7 @@ def _compressed(qs, cq, codes, scale, resid):
     z = torch.bmm(qs.reshape(bsz * hkv, g, d), x[0].view(bsz * hkv, m, d).transpose(1, 2)).view(bsz, hkv, g, m)
     z.mul_(s4[0].unsqueeze(2))
     z.sub_(cq.unsqueeze(-1) * r2.unsqueeze(2))
+    z.add_(zc)
     vf, sv = x[1].view(bsz * hkv, m, d), s4[1].unsqueeze(2)
 
     def values(p):
@@ -154,8 +167,9 @@ def _blocks_one(qs, cq, view, page_table, run, n_enc: int, n_s: int, pt: int) ->
         cut = max(0, n_s - p0 * pt)
         if cut >= (p1 - p0) * pt:
             continue
-        codes, scale, resid = _fields(view, page_table[:, p0:p1], None if run is None else run + p0, p1 - p0, 1)
-        out.append(_compressed(qs, cq, codes[:, cut:], scale[:, cut:], resid[:, cut:]))
+        codes, scale, resid, mu = _fields(view, page_table[:, p0:p1], None if run is None else run + p0, p1 - p0, 1)
+        out.append(_compressed(qs, cq, codes[:, cut:], scale[:, cut:], resid[:, cut:],
+                               _center_scores(qs, mu, pt, cut)))
     return out
 
 
@@ -177,8 +191,8 @@ def _blocks_many(qs, cq, view, page_table, context_lens, zr, zs, n_s: int, wp: i
     out = []
     for p0 in range(0, most, DECODE_BLOCK_PAGES):
         p1 = min(most, p0 + DECODE_BLOCK_PAGES)
-        codes, scale, resid = _fields(view, page_table[:, p0:p1], None, p1 - p0, qs.shape[0])
-        z, fn = _compressed(qs, cq, codes, scale, resid)
+        codes, scale, resid, mu = _fields(view, page_table[:, p0:p1], None, p1 - p0, qs.shape[0])
+        z, fn = _compressed(qs, cq, codes, scale, resid, _center_scores(qs, mu, pt))
         jpos = p0 * pt + torch.arange(z.shape[-1], device=dev)
         keep = (jpos[None, :] >= n_s) & (jpos[None, :] < wlo[:, None])
         out.append((z.masked_fill_(~keep[:, None, None, :], -math.inf), fn))

@@ -1,13 +1,15 @@
 """Attention over hq-e8-2b pages in pure torch (HQ_E8_2B.md §4): the specification and the CPU path.
 
 Page buffers of an "hq-e8-2b" PagedView (one attention layer; [P, pt, 2, Hkv, ...], index 0 keys, 1 values):
-codes int16 [.., d/8], scale float32, resid float16, norm float16; params["signs"]: float32 [2, Hkv, d] (±1, the
+codes int16 [.., d/8], scale float32, resid float16, and center uint8 [P, pt, Hkv, 4] (each page's key centre μ_p,
+kvq/page_center.py); params["signs"]: float32 [2, Hkv, d] (±1, the
 rotation of §2.1). A research view ("hq-sim", tools/bench_kvformat.py) has uhat float32 [.., d] (the decoded rotated
 vector of any quantizer) and resid float32 instead of codes and scale.
 
 Everything happens in the rotated domain (§4.1-§4.2), query head h reading KV head h // g (GQA):
     q̃ = H·(s_K ⊙ q)/√d                                   rotate each query once
-    z_t = τ·ŝ_t·(q̃·c_t) − ½·τ²·‖q‖²·resid_t²/d            compressed key t (logit-variance correction, §4.1)
+    z_t = τ·q̃·(μ_p + ŝ_t·c_t) − ½·τ²·‖q‖²·resid_t²/d      compressed key t on page p (logit-variance correction,
+                                                          §4.1; μ_p the page key centre, kvq/page_center.py)
     z_t = τ·(q̃·u_t)                                       exact key t (window or sink, rotated)
     õ = Σ_t p_t·(ŝ_t c_t or u_t);  o = s_V ⊙ H·õ/√d       values accumulated rotated, un-rotated once (§4.2)
 with p = softmax(z) over the causal context and the window rule of exact.py choosing, per (query, key), the exact
@@ -28,6 +30,7 @@ from functools import lru_cache
 import torch
 
 from ignis_kernels.attention.exact import ExactRing, ExactSpan, encoded_pages, window_start
+from ignis_kernels.kvq import page_center
 from ignis_kernels.kvq.reference import codewords
 from ignis_kernels.kvq.rotation import fwht
 
@@ -77,9 +80,10 @@ def add_center(o: torch.Tensor, center_v: torch.Tensor | None, signs_v: torch.Te
 
 
 def decode_pages(view, pages: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The keys and values of `pages` (LongTensor [..., n]) of an hq view, rotated and not yet scaled, head-major:
-    (ck, sk, rk, cv, sv) with c float32 [..., Hkv, n·pt, d] (codewords, or uhat for "hq-sim"), s float32
-    [..., Hkv, n·pt] (scale; 1 for "hq-sim") and rk float32 [..., Hkv, n·pt] (the keys' resid). The int16 codes are
+    """The keys and values of `pages` (LongTensor [..., n]) of an hq view, rotated, head-major: (ck, sk, rk, cv, sv)
+    with ck float32 [..., Hkv, n·pt, d] the keys μ_page + ŝc (ignis_kernels.kvq.page_center; uhat for "hq-sim"), sk
+    float32 [..., Hkv, n·pt] their scale, 1 (already applied), rk float32 [..., Hkv, n·pt] the keys' resid, cv the
+    values' codewords (not yet scaled; uhat for "hq-sim") and sv their scale (1 for "hq-sim"). The int16 codes are
     permuted to head-major before the one codeword gather of both kinds, so the floats are written in place."""
     b = view.buffers
     lead = pages.shape
@@ -96,7 +100,12 @@ def decode_pages(view, pages: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ones = torch.ones_like(resid[..., 0, :, :])
         return u[..., 0, :, :, :], ones, resid[..., 0, :, :], u[..., 1, :, :, :], ones
     c, scale = codewords(take("codes")), take("scale").float()           # one gather for keys and values
-    return c[..., 0, :, :, :], scale[..., 0, :, :], resid[..., 0, :, :], c[..., 1, :, :, :], scale[..., 1, :, :]
+    d, pt = c.shape[-1], view.page_tokens
+    mu = page_center.unpack(b["center"].index_select(0, flat), d)         # [N, Hkv, d]
+    mu = mu.reshape(*lead, *mu.shape[1:]).movedim(len(lead) - 1, len(lead))              # [..., Hkv, n, d]
+    ck = c[..., 0, :, :, :].mul_(scale[..., 0, :, :, None])
+    ck = ck.view(*ck.shape[:-2], lead[-1], pt, d).add_(mu.unsqueeze(-2)).view(*ck.shape)
+    return ck, torch.ones_like(scale[..., 0, :, :]), resid[..., 0, :, :], c[..., 1, :, :, :], scale[..., 1, :, :]
 
 
 class _Online:

@@ -1,7 +1,9 @@
 """Attention over hq-e8-2b pages as a Triton kernel (HQ_E8_2B.md §4), the same maths and signatures as
 hq_reference.py: the query rotated once (in torch, one FWHT per head), keys decoded tile by tile inside the kernel
 straight from the int16 codes through the 65,536 × 8 decode table and dotted in the rotated domain with the
-logit-variance correction, values accumulated rotated with an online softmax, the output un-rotated once (torch).
+logit-variance correction and the page key centre's q̃·μ_K (kvq/page_center.py; every page's μ_K decoded once a call
+in torch, [P, Hkv, d] float32, and read as a [BT, d] tile a key block), values accumulated rotated with an online
+softmax, the output un-rotated once (torch).
 
 One program per (query row, query head); the exact part is either a ring of R slots per row (decode: slot r holds
 the position ≡ r mod R) or one linear span shared by the rows of a prefill chunk, plus the sinks. This is the
@@ -17,6 +19,7 @@ import torch
 
 from ignis_kernels.attention.exact import ExactRing, ExactSpan
 from ignis_kernels.attention.hq_reference import rotate_queries, unrotate_output
+from ignis_kernels.kvq import page_center
 from ignis_kernels.kvq.codebook import decode_table
 
 try:
@@ -39,8 +42,8 @@ if AVAILABLE:
         return m_new, alpha, p, lsum * alpha + tl.sum(p, axis=0)
 
     @triton.jit
-    def _hq_attn_kernel(qt_ptr, qn2_ptr, pos_ptr, trow_ptr, table_ptr, codes_ptr, scale_ptr, resid_ptr, dec_ptr,
-                        ek_ptr, ev_ptr, sk_ptr, sv_ptr, out_ptr,
+    def _hq_attn_kernel(qt_ptr, qn2_ptr, pos_ptr, trow_ptr, table_ptr, codes_ptr, scale_ptr, resid_ptr, mu_ptr,
+                        dec_ptr, ek_ptr, ev_ptr, sk_ptr, sv_ptr, out_ptr,
                         W, s_pg, s_tk, s_kd, s_hd, m_pg, m_tk, m_kd, m_hd, e_row, n_exact, first, s_row, n_sinks,
                         tau, PT: tl.constexpr, WP: tl.constexpr, HQ: tl.constexpr, G: tl.constexpr,
                         HKV: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, RING: tl.constexpr):
@@ -66,7 +69,9 @@ if AVAILABLE:
             kv = tl.load(dec_ptr + ck * 8 + (dd % 8)[None, :])             # [BT, D] codewords
             sk = tl.load(scale_ptr + mbase)
             rk = tl.load(resid_ptr + mbase).to(tl.float32)
-            z = tau * sk * tl.sum(kv * q[None, :], axis=1) - 0.5 * tau * tau * qn2 * rk * rk / D
+            mu = tl.load(mu_ptr + (page * HKV + kh)[:, None] * D + dd[None, :])   # [BT, D] page key centres
+            z = (tau * sk * tl.sum(kv * q[None, :], axis=1) + tau * tl.sum(mu * q[None, :], axis=1)
+                 - 0.5 * tau * tau * qn2 * rk * rk / D)
             z = tl.where((tok < wlo) & (tok >= n_sinks), z, float("-inf"))
             m, alpha, w, lsum = _online(z, m, lsum)
             cv = tl.load(codes_ptr + base[:, None] + s_kd + (dd // 8)[None, :]).to(tl.int32) & 0xFFFF
@@ -108,10 +113,11 @@ def _run(q, view, table, trow, pos, ek, ev, e_row, n_exact, first, sk, sv, s_row
     qt = rotate_queries(q, signs[0]).reshape(n, hq, d).contiguous()
     qn2 = (q.float() ** 2).sum(-1).contiguous()
     codes, sc, rs = view.buffers["codes"], view.buffers["scale"], view.buffers["resid"]
+    mu = page_center.unpack(view.buffers["center"], d).contiguous()      # [P, Hkv, d] float32 page key centres
     out = torch.empty(n, hq, d, dtype=torch.float32, device=q.device)
     pt = view.page_tokens
     _hq_attn_kernel[(n, hq)](
-        qt, qn2, pos.contiguous(), trow.contiguous(), table.contiguous(), codes, sc, rs, decode_table(q.device),
+        qt, qn2, pos.contiguous(), trow.contiguous(), table.contiguous(), codes, sc, rs, mu, decode_table(q.device),
         ek, ev, sk, sv, out, table.shape[1], codes.stride(0), codes.stride(1), codes.stride(2), codes.stride(3),
         sc.stride(0), sc.stride(1), sc.stride(2), sc.stride(3), e_row, n_exact, first, s_row, n_sinks,
         1.0 / math.sqrt(d) if scale is None else scale, PT=pt, WP=wp, HQ=hq, G=g, HKV=hkv, D=d,

@@ -1,6 +1,7 @@
 """The fused CPU decode kernel over hq-e8-2b pages (ignis_kernels.attention.hq_cpu, hq_cpu.c) at the geometries it
 specialises (SmolLM2's head_dim 64 with GQA 3; Qwen3.5's head_dim 256 with GQA 4 and 6) and generic ones, against
-the float64 oracle of HQ_E8_2B.md §4 (hq_support.oracle) and the torch decode path (hq_decode.py); each row's
+the float64 oracle of HQ_E8_2B.md §4 (hq_support.oracle) and the torch decode path (hq_decode.py), with the page key
+centre (kvq/page_center.py) in each of its storage dtypes (float32, float16, float8 e4m3) and shown to count; each row's
 output bit-identical alone and in a batch and at 1 and 2 threads; and the build (ignis_kernels.cbuild) of both C
 kernels (this one and kvq/e8p_cpu.c), its cache and its fallback to the torch paths."""
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import ignis_kernels.attention as kattn
 from hq_support import decoded, hq_pool, oracle, write_chunks
 from ignis_kernels.attention import hq_cpu, hq_decode
+from ignis_kernels.kvq import page_center
 
 torch.set_num_threads(1)
 
@@ -26,7 +28,8 @@ def rel(got, ref):
 
 def _sequences(hkv, d, pt, window, sinks, lens, seed, slots=4):
     """A pool holding len(lens) sequences on scrambled pages, each written by prefill chunks of up to 70 tokens
-    plus one decode step -> (kv, fmt, plan, ring, [(k, v, pages)])."""
+    plus one decode step -> (kv, fmt, plan, ring, [(k, v, pages)]). The keys have mean 1.5 on every dim, so the page
+    key centres are far from zero."""
     kv, st, fmt = hq_pool(hkv=hkv, d=d, pt=pt, window=window, sinks=sinks, pages=sum(-(-n // pt) for n in lens) + 2,
                           slots=slots)
     g = torch.Generator().manual_seed(seed)
@@ -34,7 +37,7 @@ def _sequences(hkv, d, pt, window, sinks, lens, seed, slots=4):
     seqs = []
     for i, n in enumerate(lens):
         pages = [pool.pop() for _ in range(-(-n // pt))]
-        k, v = torch.randn(n, hkv, d, generator=g), torch.randn(n, hkv, d, generator=g)
+        k, v = torch.randn(n, hkv, d, generator=g) + 1.5, torch.randn(n, hkv, d, generator=g)
         st.zero(i)
         for s in range(0, n - 1, 70):
             e = min(n - 1, s + 70)
@@ -45,11 +48,18 @@ def _sequences(hkv, d, pt, window, sinks, lens, seed, slots=4):
     return kv, fmt, plan, ring, seqs
 
 
+def _without_centre(view):
+    """The view with its "center" bytes zeroed (a copy): what the scores would be without q̃·μ_K."""
+    return kattn.PagedView(view.tag, {**view.buffers, "center": torch.zeros_like(view.buffers["center"])},
+                           view.page_tokens, view.params)
+
+
 @pytest.mark.parametrize("hkv, g, d, pt, window, sinks, lens", [
-    (3, 3, 64, 64, 128, 1, [1, 64, 200, 700]),       # SmolLM2: specialised (g 3, d 64); before/after the first encode
-    (2, 4, 256, 16, 32, 4, [5, 90, 161]),            # Qwen3.5-like head_dim 256, GQA 4, four sinks
-    (1, 6, 256, 16, 16, 0, [40, 77]),                # GQA 6, no sinks, Wp 1
-    (2, 5, 16, 8, 8, 2, [3, 17, 300]),               # generic (g 5, d 16): the unspecialised loop
+    (3, 3, 64, 64, 128, 1, [1, 64, 200, 700]),       # SmolLM2: specialised (g 3, d 64), centre float32
+    (2, 4, 256, 64, 64, 4, [5, 200, 330]),           # Qwen3.5-like head_dim 256, GQA 4, four sinks, centre e4m3
+    (1, 6, 256, 64, 64, 0, [40, 300]),               # GQA 6, no sinks, Wp 1, centre e4m3
+    (2, 2, 64, 16, 16, 1, [30, 130]),                # d 64 on 16-token pages: centre e4m3, pages cross a task
+    (2, 5, 16, 8, 8, 2, [3, 17, 300]),               # generic (g 5, d 16): the unspecialised loop, centre float16
 ])
 def test_matches_the_oracle_and_the_torch_path(hkv, g, d, pt, window, sinks, lens):
     assert hq_cpu.available(), hq_cpu.error()
@@ -65,6 +75,21 @@ def test_matches_the_oracle_and_the_torch_path(hkv, g, d, pt, window, sinks, len
         want = oracle(q[b:b + 1], k, v, kh, vh, rk, n - 1, fmt.exact_window_pages, pt, sinks)
         assert rel(got[b:b + 1], want) < 2e-5, (b, n)
         assert rel(torch_path[b:b + 1], want) < 2e-5, (b, n)
+    # the centre is there (the keys' mean, 1.5 on every dim, is rotated: its RMS over the dims stays 1.5, rounded to
+    # any of the three dtypes) and it counts: without it the rows that read compressed keys change by far more than
+    # the tolerance, the others not at all
+    n_enc = [max(0, (n - 1) // pt - fmt.exact_window_pages) for n in lens]
+    for (_, _, pages), e in zip(seqs, n_enc):
+        if e:
+            mu = page_center.unpack(view.buffers["center"][pages[:e]], d)       # [e, Hkv, d]
+            rms = mu.pow(2).mean(-1).sqrt()
+            assert (rms - 1.5).abs().max() < 0.3, rms
+    bare = hq_cpu.hq_decode_attention(q, _without_centre(view), plan.decode_pages, plan.decode_lens, ring)
+    for b, e in enumerate(n_enc):
+        if e * pt > sinks:
+            assert rel(bare[b:b + 1], got[b:b + 1].double()) > 1e-2, b
+        else:
+            assert torch.equal(bare[b:b + 1], got[b:b + 1]), b
 
 
 @pytest.mark.parametrize("hkv, g, d, one", [(3, 3, 64, False), (2, 4, 256, False), (3, 3, 64, True)])
@@ -73,7 +98,7 @@ def test_the_value_centre_is_added_back_in_the_kernel(hkv, g, d, one):
     equals the torch path's plus the centre un-rotated by hand, s_V ⊙ H·μ_V/√d with H the dense Sylvester matrix
     (independent of either path), and the dispatcher returns exactly the kernel's output (nothing added twice)."""
     lens = [300] if one else [70, 300]
-    kv, fmt, plan, ring, seqs = _sequences(hkv, d, 16, 32, 1, lens, seed=d + hkv)
+    kv, fmt, plan, ring, seqs = _sequences(hkv, d, 64, 64, 1, lens, seed=d + hkv)
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(len(lens), hkv * g, d, generator=gen)
     mu = torch.randn(len(lens), hkv, d, generator=gen) * 3

@@ -1,8 +1,9 @@
 """The Triton attention over hq-e8-2b pages (kernels/attention/hq_triton.py) against the torch reference, on the
 CPU under TRITON_INTERPRET=1, through the dispatcher (IGNIS_HQ_ATTENTION=triton): prefill chunks that start
 mid-page and cross the window/compressed seam, a chunk longer than the ring, batched decode of sequences of
-different lengths on scrambled page tables, GQA fan-out and sinks, pages of 8 tokens (a few pages each: the
-interpreter runs a program as numpy). Skipped where Triton is not installed."""
+different lengths on scrambled page tables, GQA fan-out and sinks, pages of 8 and 16 tokens (a few pages each: the
+interpreter runs a program as numpy), the page key centre (kvq/page_center.py) in each of its storage dtypes
+(float32, float16, float8 e4m3) and shown to count (keys with mean 1.5). Skipped where Triton is not installed."""
 from __future__ import annotations
 
 import os
@@ -16,36 +17,62 @@ pytest.importorskip("triton")
 
 import ignis_kernels.attention as kattn  # noqa: E402
 from hq_support import attend, hq_pool, write_chunks  # noqa: E402
+from ignis_kernels.kvq import page_center  # noqa: E402
 
 torch.set_num_threads(1)
 
 
+def rel(got, ref):
+    return float((got - ref).abs().max() / ref.abs().max())
+
+
 def both(monkeypatch, q, kv, plan, spans, ring):
+    """(Triton's error against the reference, how far Triton's output moves when the pool's page key centres are
+    zeroed: 0 unless some query reads compressed keys)."""
     monkeypatch.setenv("IGNIS_HQ_ATTENTION", "reference")
     ref = attend(q, kv, 0, plan, spans, ring)
     monkeypatch.setenv("IGNIS_HQ_ATTENTION", "triton")
     assert kattn.hq_backend(q.device) == "triton"
     got = attend(q, kv, 0, plan, spans, ring)
-    return float((got - ref).abs().max() / ref.abs().max())
+    center = kv.buffer("center")[0]
+    saved = center.clone()
+    center.zero_()
+    try:
+        bare = attend(q, kv, 0, plan, spans, ring)
+    finally:
+        center.copy_(saved)
+    return rel(got, ref), rel(bare, got)
 
 
-@pytest.mark.parametrize("hq, hkv, d, window, sinks, pieces", [
-    (6, 2, 16, 8, 2, [13, 1, 20, 1]),
-    (2, 1, 32, 16, 0, [30, 1, 1]),
+def centre_rms(kv, pages, d):
+    """RMS over the dims of each encoded page's stored key centre (rotated; keys of mean 1.5 give about 1.5)."""
+    return page_center.unpack(kv.view(0).buffers["center"][pages], d).pow(2).mean(-1).sqrt()
+
+
+@pytest.mark.parametrize("hq, hkv, d, pt, window, sinks, pieces", [
+    (6, 2, 16, 8, 8, 2, [13, 1, 20, 1]),             # centre float16 (d <= 2·pt)
+    (2, 1, 32, 8, 16, 0, [30, 1, 1]),                # centre float8 e4m3 (d <= 4·pt)
+    (2, 1, 16, 16, 16, 1, [40, 1]),                  # centre float32 (d <= pt)
 ])
-def test_triton_prefill_and_decode_match_the_reference(monkeypatch, hq, hkv, d, window, sinks, pieces):
-    kv, st, _ = hq_pool(hkv=hkv, d=d, window=window, sinks=sinks)
+def test_triton_prefill_and_decode_match_the_reference(monkeypatch, hq, hkv, d, pt, window, sinks, pieces):
+    kv, st, fmt = hq_pool(hkv=hkv, d=d, pt=pt, window=window, sinks=sinks)
     g = torch.Generator().manual_seed(d)
     ctx = sum(pieces)
-    xk, xv = torch.randn(ctx, hkv, d, generator=g), torch.randn(ctx, hkv, d, generator=g)
+    xk, xv = torch.randn(ctx, hkv, d, generator=g) + 1.5, torch.randn(ctx, hkv, d, generator=g)
     q = torch.randn(ctx, hq, d, generator=g)
     pages = torch.randperm(kv.num_pages, generator=g)[:-(-ctx // kv.page_tokens)].tolist()
     st.zero(0)
     start = 0
+    moved = []
     for n in pieces:
         plan, spans, ring = write_chunks(kv, st, 0, [(xk[start:start + n], xv[start:start + n], start, pages, 0)])
-        assert both(monkeypatch, q[start:start + n], kv, plan, spans, ring) < 1e-5, (start, n)
+        err, bare = both(monkeypatch, q[start:start + n], kv, plan, spans, ring)
+        assert err < 1e-5, (start, n)
+        moved.append(bare)
         start += n
+    n_enc = (ctx - 1) // pt - fmt.exact_window_pages
+    assert n_enc >= 1 and ((centre_rms(kv, pages[:n_enc], d) - 1.5).abs() < 0.4).all()
+    assert moved[-1] > 1e-2, moved                 # the last query reads compressed keys: the centre counts
 
 
 def test_triton_batched_decode_matches_the_reference(monkeypatch):
@@ -55,10 +82,11 @@ def test_triton_batched_decode_matches_the_reference(monkeypatch):
     chunk = []
     for slot, n in enumerate((2, 17, 33)):
         pages = [pool.pop() for _ in range(-(-(n + 1) // kv.page_tokens))]
-        k, v = torch.randn(n + 1, 2, 16, generator=g), torch.randn(n + 1, 2, 16, generator=g)
+        k, v = torch.randn(n + 1, 2, 16, generator=g) + 1.5, torch.randn(n + 1, 2, 16, generator=g)
         st.zero(slot)
         write_chunks(kv, st, 0, [(k[:n], v[:n], 0, pages, slot)])
         chunk.append((k[n:], v[n:], n, pages, slot))
     plan, spans, ring = write_chunks(kv, st, 0, chunk)
     q = torch.randn(3, 4, 16, generator=g)
-    assert both(monkeypatch, q, kv, plan, spans, ring) < 1e-5
+    err, bare = both(monkeypatch, q, kv, plan, spans, ring)
+    assert err < 1e-5 and bare > 1e-2, (err, bare)

@@ -32,7 +32,7 @@ def test_smollm2_page_bytes():
     assert fp32.bytes_per_token(SMOLLM2) == 46080 and bf16.bytes_per_token(SMOLLM2) == 23040
     assert hq.page_bytes(SMOLLM2, 64) == 64 * 4320
     assert hq.page_buffers(SMOLLM2) == [BufferSpec("codes", (2, 3, 8), "int16"), BufferSpec("scale", (2, 3), "float32"),
-                                        BufferSpec("resid", (2, 3), "float16"), BufferSpec("norm", (2, 3), "float16")]
+                                        BufferSpec("resid", (2, 3), "float16"), BufferSpec("center", (3, 4), "uint8")]
 
 
 def test_qwen3_5_27b_page_bytes():

@@ -128,7 +128,7 @@ def test_kv_store(smollm_spec):
     kp = kv.view(4).buffers["k"]
     assert kp.shape == (3, 64, 3, 64) and torch.equal(kp[0, 7].float(), k[0]) and torch.equal(kp[1, 1].float(), k[2])
     hq = KVStore(get_kv_format("hq-e8-2b"), smollm_spec, 2)
-    assert hq.page_bytes == 64 * 4320 and hq.buffer_names == ["codes", "scale", "resid", "norm"]
+    assert hq.page_bytes == 64 * 4320 and hq.buffer_names == ["codes", "scale", "resid", "center"]
 
 
 def test_load_errors(tmp_path):
