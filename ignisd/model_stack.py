@@ -121,7 +121,8 @@ class ModelStack:
         tk = self.tokenizer
         self.template = ChatTemplate(tk.chat_template, tk.bos_token, tk.eos_token) if tk.chat_template else None
         pages = plan.pages
-        self.kv = KVStore(fmt, spec, pages, page_tokens=PAGE_TOKENS, center_dims=rope_stable_dims(spec))
+        stable = rope_stable_dims(spec)
+        self.kv = KVStore(fmt, spec, pages, page_tokens=PAGE_TOKENS, center_dims=stable, page_center_dims=1 - stable)
         state_buffers = spec.state_buffers() + fmt.seq_state_buffers(spec)
         pool = PagePool(pages, PAGE_TOKENS)
         self.states, slots, state_bytes = None, None, 0

@@ -57,7 +57,8 @@ def make_store(spec, variant: str, tokens: int, exact_window: int = 64, exact_si
         kv = KVStore(fmt, spec, pages, quantizer=QUANTIZERS[base], center_dims=rope_stable_dims(spec))
     else:
         fmt = get_kv_format(base, exact_window, exact_sinks, centering)
-        kv = KVStore(fmt, spec, pages, center_dims=rope_stable_dims(spec))
+        stable = rope_stable_dims(spec)
+        kv = KVStore(fmt, spec, pages, center_dims=stable, page_center_dims=1 - stable)
     buffers = spec.state_buffers() + fmt.seq_state_buffers(spec)      # a hybrid's GDN state + the window
     return kv, (StateStore(buffers, 1) if buffers else None)
 

@@ -52,8 +52,11 @@ class KVStore:
     quantizer: "hq-sim" only: (u [N, 2, Hkv, d] float32 rotated, the layer's signs [2, Hkv, d]) -> {page buffer
     name: [N, 2, Hkv, ...]} (a research codec, tools/kvq_baselines.py). center_dims: float32 [d] of 0/1, the
     original-domain dims that keep the key centre under centering (the model's RoPE-stable dims,
-    ignisd.model.layers.rope_stable_dims; the daemon always passes them); None: every dim.
-    Every buffer is zero-initialised. Raises ValueError on a bad count or a center_dims of another length.
+    ignisd.model.layers.rope_stable_dims; the daemon always passes them); None: every dim. page_center_dims:
+    hq-e8-2b, the same for the page key centre (ignis_kernels.kvq.page_center; the daemon passes the dims RoPE
+    turns faster, 1 − rope_stable_dims, where the sequence centre is not kept); None: every dim.
+    Every buffer is zero-initialised. Raises ValueError on a bad count or a center_dims / page_center_dims of
+    another length.
     Attributes: format (the KVFormat), kv_format (its name), geometry (KVGeometry), num_pages, page_tokens,
     n_attention_layers, device, exact_window_pages (None for dense), signs (hq: float32 [L, 2, Hkv, d]).
     """
@@ -61,7 +64,7 @@ class KVStore:
     def __init__(self, fmt: KVFormat, geom: Geometry, num_pages: int, page_tokens: int = PAGE_TOKENS,
                  device: str | torch.device = "cpu",
                  quantizer: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]] | None = None,
-                 center_dims: torch.Tensor | None = None) -> None:
+                 center_dims: torch.Tensor | None = None, page_center_dims: torch.Tensor | None = None) -> None:
         if num_pages < 1 or page_tokens < 1:
             raise ValueError(f"KVStore needs num_pages >= 1 and page_tokens >= 1, got {num_pages}, {page_tokens}")
         if fmt.tag not in _WRITE_TAGS:
@@ -98,6 +101,13 @@ class KVStore:
                                  f"{list(center_dims.shape)}")
             if not bool((center_dims == 1).all()):                           # all ones: the plain centre
                 self.center_dims = center_dims.float().to(self.device)
+        self.page_center_dims = None                                         # hq-e8-2b: None = every dim
+        if page_center_dims is not None:
+            if tuple(page_center_dims.shape) != (self.geometry.head_dim,):
+                raise ValueError(f"KVStore: page_center_dims must be [{self.geometry.head_dim}], got "
+                                 f"{list(page_center_dims.shape)}")
+            if not bool((page_center_dims == 1).all()):
+                self.page_center_dims = page_center_dims.float().to(self.device)
         self._quantize = quantizer or _e8p_fields
         self._views = [PagedView(fmt.tag, {name: t[layer].view(num_pages, page_tokens, *t.shape[2:])
                                            for name, t in self._buffers.items()}, page_tokens,
@@ -163,6 +173,10 @@ class KVStore:
         if self.format.tag == "hq-e8-2b":
             pt = self.page_tokens
             mu = page_center.page_means(u, pt, first, getattr(self.format, "exact_sinks", 0))   # [n, Hkv, d]
+            if self.page_center_dims is not None:                            # kept on those dims only
+                sk = self.signs[layer][0]
+                mu = rotate(unrotate(mu, sk) * self.page_center_dims, sk)
+            mu = page_center.round_center(mu, pt)
             u = u.clone()
             u[:, 0] -= mu.repeat_interleave(pt, dim=0)
             fields = self._quantize(u, self.signs[layer])

@@ -1,11 +1,14 @@
 """The page key centre of hq-e8-2b: each encoded page stores the mean of its rotated keys, and its keys are encoded
 relative to it (an ignis extension of HQ_E8_2B.md §4.3 "Key centering", per page instead of per sequence).
 
-Why: a post-RoPE key's mean turns with the position, so one centre for the whole sequence (§4.3) helps only on the
-dims RoPE barely turns; a page's 64 keys share a local mean on every dim. Encoding k − μ_page leaves a smaller
-vector, hence a smaller E8P error for the same 2 bits a dimension. Measured on SmolLM2 (tools/bench_kvformat.py
---passkey, 4K tokens, needle at 90 % depth, 20 trials): 16/20 retrieved with the sequence centre alone, 20/20 with
-the page centre as well (fp32: 20/20); the answer token's probability 0.25-0.42 against 0.41-0.65.
+Why: a post-RoPE key's mean turns with the position, so one centre for the whole sequence (§4.3) is kept only on
+the dims RoPE barely turns (ignisd.model.layers.rope_stable_dims); on the others a page's 64 keys still share a local
+mean. Encoding k − μ_page leaves a smaller vector, hence a smaller E8P error for the same 2 bits a dimension. The
+daemon keeps the page centre on exactly those other dims (KVStore.page_center_dims = 1 − rope_stable_dims). Measured
+on SmolLM2 (passkey, 20 trials, needle at 90 % / 50 % depth of 4K tokens, the centre emulated through hq-sim): the
+sequence centre alone 16 / 19 retrieved (fp32: 20 / 20); with the page centre on the fast dims 19 / 20 (the answer
+token's probability 0.39-0.62 at 90 % against 0.25-0.42); with the page centre on every dim 20 / 0 (probability
+0.11-0.22 at 50 %: a page mean on the RoPE-stable dims, on top of the sequence centre, broke retrieval there).
 
 Where it lives: in the record's "norm" bytes. The spec's record (§1.2) stores norm = ‖u‖ in 2 bytes a head-token,
 but nothing reads it, and it follows from the other fields (§2.6-§2.7: N² = ŝ²‖c‖² − R²), so those bytes (4 a head
@@ -74,9 +77,9 @@ def unpack(block: torch.Tensor, d: int) -> torch.Tensor:
 def page_means(u: torch.Tensor, pt: int, first: torch.Tensor | None, n_sinks: int) -> torch.Tensor:
     """The key centre of n whole pages: u [n·pt, 2, Hkv, d] their rotated keys and values (kind 0 keys), first
     BoolTensor [n] (None: none) marking a sequence's page 0, whose positions [0, n_sinks) are left out (all of page
-    0 counts when n_sinks >= pt) -> float32 [n, Hkv, d], rounded to the storage dtype (`round_center`)."""
+    0 counts when n_sinks >= pt) -> float32 [n, Hkv, d] (round it with `round_center` before storing)."""
     k = u[:, 0].float().reshape(-1, pt, *u.shape[2:])                                  # [n, pt, Hkv, d]
     mu = k.mean(1)
     if first is not None and 0 < n_sinks < pt and bool(first.any()):
         mu = torch.where(first[:, None, None], k[:, n_sinks:].mean(1), mu)
-    return round_center(mu, pt)
+    return mu

@@ -84,3 +84,28 @@ def test_the_page_centre_lowers_the_key_error_on_offset_keys():
     def err(x):
         return float(((x[1:] - xk[1:m]) ** 2).sum() / (xk[1:m] ** 2).sum())   # position 0: a sink
     assert err(kh) < 0.35 * err(plain), (err(kh), err(plain))
+
+
+def test_page_centre_dims_keep_the_centre_on_those_dims_only():
+    """page_center_dims (the daemon passes the dims RoPE turns fast): the stored centre, un-rotated, is the page's
+    mean key on those dims and zero on the others."""
+    from ignisd.cache.kv_format import HQFormat, KVGeometry
+    from ignisd.cache.kv_store import KVStore
+    from ignisd.cache.state_store import StateStore
+    fmt = HQFormat("hq-e8-2b", "hq-e8-2b", "float32", exact_window=8, exact_sinks=1, page_tokens=8, centering="")
+    geom = KVGeometry(1, 2, 8)                                                  # d 8 <= pt: float32 centre
+    dims = torch.tensor([1.0, 0, 0, 1, 1, 0, 1, 0])
+    kv = KVStore(fmt, geom, 6, page_tokens=8, page_center_dims=dims)
+    st = StateStore(fmt.seq_state_buffers(geom), 1)
+    g = torch.Generator().manual_seed(5)
+    xk, xv = torch.randn(33, 2, 8, generator=g) + 2.0, torch.randn(33, 2, 8, generator=g)
+    st.zero(0)
+    write_chunks(kv, st, 0, [(xk, xv, 0, [0, 1, 2, 3, 4], 0)])              # pages 0..2 encoded at 33
+    block = kv.buffer("center")[0].view(6, 8, 2, 4)
+    for p in range(3):
+        lo = 1 if p == 0 else 0
+        got = kvq.unrotate(pc.unpack(block[p], 8), kv.signs[0, 0])           # original domain [Hkv, d]
+        want = xk[p * 8 + lo:(p + 1) * 8].mean(0) * dims
+        assert torch.allclose(got, want, atol=1e-5), p
+    with pytest.raises(ValueError, match=r"page_center_dims must be \[8\]"):
+        KVStore(fmt, geom, 2, page_tokens=8, page_center_dims=torch.ones(4))
