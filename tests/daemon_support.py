@@ -151,6 +151,13 @@ class DaemonProc:
                 return text
             time.sleep(0.05)
 
+    def wait_disk_settled(self, timeout: float = 30.0) -> None:
+        """Wait until no KV-disk file is being read or written (status.tiers' disk row, ``in_flight``)."""
+        deadline = time.monotonic() + timeout
+        while [t for t in self.status()["tiers"] if t["tier"] == "disk" and t["in_flight"]]:
+            assert time.monotonic() < deadline, self.status()["tiers"]
+            time.sleep(0.02)
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -161,6 +168,11 @@ class DaemonProc:
                 self.proc.wait()
         self.log_file.close()
         return self.proc.returncode
+
+
+def metric(text: str, name: str) -> float:
+    """The value of the first sample of Prometheus `text` whose line starts with `name` (name and labels)."""
+    return float(next(ln for ln in text.splitlines() if ln.startswith(name)).split()[-1])
 
 
 def live_files(kv_dir: Path) -> list[str]:

@@ -94,20 +94,8 @@ class KVStore:
             g = self.geometry
             self.signs = torch.stack([layer_signs(i, g.num_kv_heads, g.head_dim) for i in range(g.n_attention_layers)]
                                      ).to(self.device) if g.n_attention_layers else None
-        self.center_dims = None
-        if center_dims is not None:
-            if tuple(center_dims.shape) != (self.geometry.head_dim,):
-                raise ValueError(f"KVStore: center_dims must be [{self.geometry.head_dim}], got "
-                                 f"{list(center_dims.shape)}")
-            if not bool((center_dims == 1).all()):                           # all ones: the plain centre
-                self.center_dims = center_dims.float().to(self.device)
-        self.page_center_dims = None                                         # hq-e8-2b: None = every dim
-        if page_center_dims is not None:
-            if tuple(page_center_dims.shape) != (self.geometry.head_dim,):
-                raise ValueError(f"KVStore: page_center_dims must be [{self.geometry.head_dim}], got "
-                                 f"{list(page_center_dims.shape)}")
-            if not bool((page_center_dims == 1).all()):
-                self.page_center_dims = page_center_dims.float().to(self.device)
+        self.center_dims = self._dims("center_dims", center_dims)
+        self.page_center_dims = self._dims("page_center_dims", page_center_dims)   # hq-e8-2b: None = every dim
         self._quantize = quantizer or _e8p_fields
         self._views = [PagedView(fmt.tag, {name: t[layer].view(num_pages, page_tokens, *t.shape[2:])
                                            for name, t in self._buffers.items()}, page_tokens,
@@ -115,6 +103,15 @@ class KVStore:
                        for layer in range(self.n_attention_layers)]
         if fmt.tag == "dense":
             self._k, self._v = self._buffers["k"], self._buffers["v"]
+
+    def _dims(self, name: str, dims: torch.Tensor | None) -> torch.Tensor | None:
+        """A dims mask argument (float [d] of 0/1) checked and on the device; None when absent or all ones (every
+        dim). Raises ValueError for another length."""
+        if dims is None:
+            return None
+        if tuple(dims.shape) != (self.geometry.head_dim,):
+            raise ValueError(f"KVStore: {name} must be [{self.geometry.head_dim}], got {list(dims.shape)}")
+        return None if bool((dims == 1).all()) else dims.float().to(self.device)
 
     @property
     def num_slots(self) -> int:
@@ -172,7 +169,7 @@ class KVStore:
         u = u.float()
         if self.format.tag == "hq-e8-2b":
             pt = self.page_tokens
-            mu = page_center.page_means(u, pt, first, getattr(self.format, "exact_sinks", 0))   # [n, Hkv, d]
+            mu = page_center.page_means(u, pt, first, self.format.exact_sinks)                  # [n, Hkv, d]
             if self.page_center_dims is not None:                            # kept on those dims only
                 sk = self.signs[layer][0]
                 mu = rotate(unrotate(mu, sk) * self.page_center_dims, sk)
@@ -180,7 +177,7 @@ class KVStore:
             u = u.clone()
             u[:, 0] -= mu.repeat_interleave(pt, dim=0)
             fields = self._quantize(u, self.signs[layer])
-            fields["center"] = page_center.pack(mu, pt).reshape(u.shape[0], *u.shape[2:3], 4)
+            fields["center"] = page_center.pack(mu, pt)                      # [n, pt, Hkv, 4]
         else:
             fields = self._quantize(u, self.signs[layer])
         for name, t in fields.items():

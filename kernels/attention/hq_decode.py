@@ -66,14 +66,13 @@ def _fields(view, pages, run: int | None, n: int, b: int):
     """codes int16 [b, n·pt, 2, Hkv, d/8], scale float32 [b, n·pt, 2, Hkv], resid float16 [b, n·pt, 2, Hkv] and the
     page key centres μ float32 [b, n, Hkv, d] (kvq/page_center.py) of the first n pages of each row: a slice of the
     pool from page `run` (b = 1, consecutive pages), else gathered by `pages` (LongTensor [b, n])."""
-    out = []
-    for name in ("codes", "scale", "resid", "center"):
+    def take(name):                                                       # [b·n, pt, ...]
         t = view.buffers[name]
-        t = t[run:run + n] if run is not None else t.index_select(0, pages.reshape(-1))
-        out.append(t.reshape(b, n * t.shape[1], *t.shape[2:]) if name != "center" else t)
+        return t[run:run + n] if run is not None else t.index_select(0, pages.reshape(-1))
+
+    out = [t.reshape(b, n * t.shape[1], *t.shape[2:]) for t in map(take, ("codes", "scale", "resid"))]
     d = out[0].shape[-1] * 8
-    out[3] = page_center.unpack(out[3], d).view(b, n, -1, d)
-    return out
+    return [*out, page_center.unpack(take("center"), d).view(b, n, -1, d)]
 
 
 def _center_scores(qs, mu, pt: int, cut: int = 0):

@@ -57,9 +57,7 @@ def pack(mu: torch.Tensor, pt: int) -> torch.Tensor:
     -> uint8 [n, pt, Hkv, 4] (token-major, as the page buffer stores them)."""
     n, hkv, d = mu.shape
     dt = center_dtype(d, pt)
-    lim = FP8_MAX if dt == torch.float8_e4m3fn else 65504.0
-    vals = mu.float() if dt == torch.float32 else mu.float().clamp(-lim, lim)
-    raw = vals.to(dt).contiguous().view(torch.uint8).reshape(n, hkv, -1)              # [n, Hkv, d·size]
+    raw = round_center(mu, pt).to(dt).contiguous().view(torch.uint8).reshape(n, hkv, -1)   # [n, Hkv, d·size]
     out = torch.zeros(n, hkv, 4 * pt, dtype=torch.uint8, device=mu.device)
     out[..., :raw.shape[-1]] = raw
     return out.view(n, hkv, pt, 4).transpose(1, 2).contiguous()

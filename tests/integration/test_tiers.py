@@ -10,12 +10,11 @@ import os
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from daemon_support import DaemonProc, agents_then_interactive, live_files
+from daemon_support import DaemonProc, agents_then_interactive, live_files, metric
 
 WORDS = ("river bridge market garden harbour tower museum street square palace canal station library theatre "
          "castle forest meadow valley mountain island").split()
@@ -239,7 +238,7 @@ def test_live_eviction_resumes_bit_exact_and_streams_every_token_once(start_daem
         how = "moved" if arena != "0" else "recomputed"
 
         def count(name):
-            return float(next(ln for ln in metrics.splitlines() if ln.startswith(name)).split()[-1])
+            return metric(metrics, name)
         # a KV-disk write may land after its sequence ended
         metrics = d.metrics(until="ignis_tier_disk_errors_total" if full else None)
         assert count(f'ignis_live_evictions_total{{how="{how}"}}') >= 1, metrics
@@ -290,14 +289,11 @@ def test_live_eviction_on_a_slow_disk_resumes_from_the_bytes_in_memory(tiny_llam
             text, _, done = out[rid]
             assert done["text"] == want[rid] and text == done["text"], rid
         d.wait_idle()
-        deadline = time.monotonic() + 30
-        while {t["tier"]: t for t in d.status()["tiers"]}["disk"]["in_flight"]:
-            assert time.monotonic() < deadline, "the KV-disk write never settled"
-            time.sleep(0.05)
+        d.wait_disk_settled()
         metrics = d.metrics()
 
         def count(name):
-            return float(next(ln for ln in metrics.splitlines() if ln.startswith(name)).split()[-1])
+            return metric(metrics, name)
         assert count('ignis_live_evictions_total{how="moved"}') == 1, metrics
         assert count('ignis_live_evictions_total{how="recomputed"}') == 0, metrics
         assert count('ignis_tier_restores_total{tier="disk"}') == 1, metrics       # from the bytes in memory

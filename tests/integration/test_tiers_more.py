@@ -13,7 +13,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -62,14 +61,6 @@ def checkpoints(d) -> dict[int, str]:
     return {r["tokens"]: r["tier"] for r in d.status()["retained"] if r["kind"] == "checkpoint"}
 
 
-def disk_settled(d, timeout: float = 30.0) -> None:
-    """Wait until no KV-disk file is being read or written (status.tiers' disk row, ``in_flight``)."""
-    deadline = time.monotonic() + timeout
-    while [t for t in d.status()["tiers"] if t["tier"] == "disk" and t["in_flight"]]:
-        assert time.monotonic() < deadline, d.status()["tiers"]
-        time.sleep(0.02)
-
-
 class Pusher:
     """Other traffic (fresh conversations) until a checkpoint sits in a tier."""
 
@@ -81,7 +72,7 @@ class Pusher:
             got = checkpoints(self.d).get(tokens)
             if got == tier:
                 if tier == "disk":               # its file written: a hit then reads it back
-                    disk_settled(self.d)
+                    self.d.wait_disk_settled()
                 return n
             assert got is not None, f"the checkpoint of {tokens} tokens was dropped on its way to {tier}"
             chat(self.c, f"push{self.salt}", convo(self.salt), max_tokens=2)
