@@ -2,6 +2,7 @@
 
     python tools/bench_kvformat.py --sizes 1024,2048                  # quality: KL / top-1 vs the fp32 cache
     python tools/bench_kvformat.py --sizes 4096,8192 --variants hq-e8-2b --policies 128:4
+    python tools/bench_kvformat.py --sizes 1024 --variants hq-e8-2b@vc1,hq-e8-2b@vc0 --policies 128:1   # α 1, 0
     python tools/bench_kvformat.py --passkey 4096,8192 --trials 20    # passkey retrieval, hq-e8-2b vs fp32
     python tools/bench_kvformat.py --passkey 8192 --passkey-depths 0.1 --passkey-formats hq-e8-2b --passkey-trials 0:10
     python tools/bench_kvformat.py --cost --cost-contexts 1024,4096   # capacity, codec MB/s, daemon tok/s
@@ -22,6 +23,7 @@ of the given context, 64 new tokens, --server-threads 2).
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import tempfile
@@ -63,7 +65,7 @@ def quality(lm, tk, sizes, variants, policies, chunk):
                                     ref=ref)
                 r = res[v]
                 b = "  ".join(f"[{lo},{hi}) {kl:.4f}/{a:.3f}" for lo, hi, kl, a, _ in r["buckets"])
-                print(f"{t:>5} {v:<10} {pol:>6} {BITS.get(v.split('+')[0], 0):>5} {r['kl']:>8.4f} "
+                print(f"{t:>5} {v:<10} {pol:>6} {BITS.get(re.split('[+@]', v)[0], 0):>5} {r['kl']:>8.4f} "
                       f"{r['top1']:>6.3f}  {b}  ({time.time() - t0:.0f} s)", flush=True)
 
 

@@ -8,9 +8,10 @@ position's next-token distribution is compared with the fp32 cache's: KL(p_fp32 
 agreement, overall and by context-position bucket.
 
 Variants: "fp32", "bf16", "hq-e8-2b" (the real format), and the research baselines of kvq_baselines ("lloyd2",
-"q4_0", "q8_0") under the same window, sinks and centering (by default hq-e8-2b's: keys centred). A suffix sets the
-centering (HQFormat.centering, HQ_E8_2B.md §4.3): "+c" keys and values ("hq-e8-2b+c", "lloyd2+c"), "+ck" keys,
-"+c0" none.
+"q4_0", "q8_0") under the same window, sinks, centering and variance correction (by default hq-e8-2b's). A suffix
+sets the centering (HQFormat.centering, HQ_E8_2B.md §4.3): "+c" keys and values ("hq-e8-2b+c", "lloyd2+c"), "+ck"
+keys, "+c0" none; a last "@vc<α>" the variance correction's strength (HQFormat.variance_correction): "hq-e8-2b@vc1"
+(the spec's), "lloyd2+c0@vc0".
 """
 from __future__ import annotations
 
@@ -45,18 +46,26 @@ def license_text(tokens_wanted: int, tokenizer) -> list[int]:
 def make_store(spec, variant: str, tokens: int, exact_window: int = 64, exact_sinks: int = 1):
     """(KVStore, StateStore or None) for one sequence of up to `tokens` tokens in `variant` (a name of the module
     docstring; a suffix sets the centering (HQFormat.centering): "+c" keys and values, "+ck" keys, "+c0" none; without
-    one, hq-e8-2b's default, keys). Raises ValueError for an unknown name."""
+    one, hq-e8-2b's default; then "@vc<α>" the variance correction's strength). Raises ValueError for an unknown
+    name or a bad α."""
     pages = -(-tokens // 64) + 1
-    base, centering = variant, None
+    base, vc = variant, None
+    if "@vc" in variant:
+        base, _, a = variant.rpartition("@vc")
+        try:
+            vc = float(a)
+        except ValueError:
+            raise ValueError(f"variant {variant!r}: @vc needs a number from 0 to 1, got {a!r}") from None
+    centering = None
     for suffix, mode in (("+ck", "k"), ("+c0", ""), ("+c", "kv")):
-        if variant.endswith(suffix):
-            base, centering = variant[:-len(suffix)], mode
+        if base.endswith(suffix):
+            base, centering = base[:-len(suffix)], mode
             break
     if base in QUANTIZERS:
-        fmt = sim_format(base, exact_window, exact_sinks, centering)
+        fmt = sim_format(base, exact_window, exact_sinks, centering, vc)
         kv = KVStore(fmt, spec, pages, quantizer=QUANTIZERS[base], center_dims=rope_stable_dims(spec))
     else:
-        fmt = get_kv_format(base, exact_window, exact_sinks, centering)
+        fmt = get_kv_format(base, exact_window, exact_sinks, centering, vc)
         stable = rope_stable_dims(spec)
         kv = KVStore(fmt, spec, pages, center_dims=stable, page_center_dims=1 - stable)
     buffers = spec.state_buffers() + fmt.seq_state_buffers(spec)      # a hybrid's GDN state + the window

@@ -37,10 +37,13 @@ class SimFormat(HQFormat):
         return [BufferSpec("uhat", (2, h, d), "float32"), BufferSpec("resid", (2, h), "float32")]
 
 
-def sim_format(name: str, exact_window: int, exact_sinks: int, centering: str | bool | None = None) -> SimFormat:
-    """The SimFormat of baseline `name` (a key of QUANTIZERS) with hq-e8-2b's window, sink and centering
-    parameters (centering None: hq-e8-2b's default, so a baseline runs under the shipped policy)."""
+def sim_format(name: str, exact_window: int, exact_sinks: int, centering: str | bool | None = None,
+               variance_correction: float | None = None) -> SimFormat:
+    """The SimFormat of baseline `name` (a key of QUANTIZERS) with hq-e8-2b's window, sink, centering and
+    variance-correction parameters (None: hq-e8-2b's defaults, so a baseline runs under the shipped policy)."""
     kw = {} if centering is None else {"centering": centering}
+    if variance_correction is not None:
+        kw["variance_correction"] = variance_correction
     return SimFormat(name, "hq-sim", "float32", exact_window=exact_window, exact_sinks=exact_sinks, **kw)
 
 

@@ -99,7 +99,9 @@ class KVStore:
         self._quantize = quantizer or _e8p_fields
         self._views = [PagedView(fmt.tag, {name: t[layer].view(num_pages, page_tokens, *t.shape[2:])
                                            for name, t in self._buffers.items()}, page_tokens,
-                                 {"signs": self.signs[layer]} if self.signs is not None else {})
+                                 {"signs": self.signs[layer],
+                                  "variance_correction": getattr(fmt, "variance_correction", 1.0)}
+                                 if self.signs is not None else {})
                        for layer in range(self.n_attention_layers)]
         if fmt.tag == "dense":
             self._k, self._v = self._buffers["k"], self._buffers["v"]

@@ -47,7 +47,8 @@ class PagedView:
     tag: the KV format's dispatch tag (one of VIEW_TAGS to be readable here). buffers: the format's page buffers
     by name, each [P, page_tokens, *per-token shape] in its storage dtype; "dense": "k" and "v", each
     [P, page_tokens, Hkv, d] (fp32 or bf16, upcast on read). page_tokens: tokens per page. params: per-layer
-    constants of the format ("hq-e8-2b": "signs" float32 [2, Hkv, d]); empty for dense.
+    constants of the format ("hq-e8-2b": "signs" float32 [2, Hkv, d] and "variance_correction", the float α of the
+    logit-variance correction, 1 where absent: hq_reference.variance_correction); empty for dense.
     """
 
     tag: str

@@ -3,7 +3,7 @@
  *
  * Per sequence b, KV head h, query head i of its group (g = Hq / Hkv), with τ the softmax scale:
  *   q_s   = τ·H·(s_K ⊙ q)/√d                         the query rotated once (fast Walsh-Hadamard transform)
- *   cq    = ½·τ²·‖q‖²/d
+ *   cq    = α·½·τ²·‖q‖²/d                             α = vc, the variance correction's strength (1 in §4.1)
  *   z_t   = (ŝ_t/4)·(q_s·w_t) + q_s·μ_K[page(t)]      compressed key t, w_t = 4·c_t (int8, exact: E8P coordinates
  *           − cq·resid_t²                              are multiples of 1/4, §1.1), positions [S, n_enc·pt); μ_K the
  *                                                      page key centre (kvq/page_center.py: k̂_t = μ_K + ŝ_t·c_t),
@@ -290,8 +290,8 @@ static void run_task(const args_t *a, const task_t *tk, float *m_out, float *l_o
 /* Returns 0, or -1 for a geometry outside the compiled limits (g > MAX_G, d > MAX_D or not a power of two ≥ 8) or a
  * centre that does not fit its page (center_size not 0, 1, 2 or 4, or d·center_size > 4·pt). center: the layer's
  * "center" buffer [P, pt, Hkv, 4] (unused when center_size is 0). */
-int hq_decode(const float *q, const float *signs, float tau, int bsz, int hq, int hkv, int d, int pt, int wp,
-              int ring, int n_sinks, const int64_t *ctx, const int64_t *pages, int64_t page_stride,
+int hq_decode(const float *q, const float *signs, float tau, float vc, int bsz, int hq, int hkv, int d, int pt,
+              int wp, int ring, int n_sinks, const int64_t *ctx, const int64_t *pages, int64_t page_stride,
               const int16_t *codes, const float *scale, const uint16_t *resid, const uint8_t *center,
               int center_size, const int64_t *words,
               const float *ring_k, const float *ring_v, int64_t rs_b, int64_t rs_r, int64_t rs_h,
@@ -311,7 +311,7 @@ int hq_decode(const float *q, const float *signs, float tau, int bsz, int hq, in
         for (int e = 0; e < d; e++) { dst[e] = src[e] * sk[e]; n2 += src[e] * src[e]; }
         fwht(dst, d);
         for (int e = 0; e < d; e++) dst[e] *= tau * inv;
-        cq[r] = 0.5f * tau * tau * n2 / (float)d;
+        cq[r] = 0.5f * vc * tau * tau * n2 / (float)d;
     }
     /* tasks */
     int ntask = 0, cap = 0;

@@ -19,13 +19,14 @@ from pathlib import Path
 import torch
 
 from ignis_kernels.attention.hq_decode import word_table
+from ignis_kernels.attention.hq_reference import variance_correction
 from ignis_kernels.cbuild import Kernel
 from ignis_kernels.kvq.page_center import center_dtype
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _L = ctypes.c_int64
-_ARGTYPES = [_P, _P, ctypes.c_float, _I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _L, _P, _P, _P, _P, _I, _P,
+_ARGTYPES = [_P, _P, ctypes.c_float, ctypes.c_float, _I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _L, _P, _P, _P, _P, _I, _P,
              _P, _P, _L, _L, _L, _P, _P, _L, _L, _L, _P, _P]
 KERNEL = Kernel(Path(__file__).with_name("hq_cpu.c"), "the fused hq-e8-2b CPU decode kernel",
                 {"hq_decode": (_ARGTYPES, ctypes.c_int)}, "IGNIS_HQ_CPU_KERNEL")
@@ -87,11 +88,12 @@ def hq_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, context
     if cv is not None:                                       # [B or 1, Hkv, d] rotated μ_V, one row per batch row
         cv = cv.float().expand(bsz, hkv, d).contiguous()
     rc = lib.hq_decode(
-        qc.data_ptr(), signs.data_ptr(), tau, bsz, hq, hkv, d, pt, exact.window_pages, rk.shape[1], n_s,
-        ctx.data_ptr(), pages.data_ptr(), pages.shape[1], b["codes"].data_ptr(), b["scale"].data_ptr(),
-        b["resid"].data_ptr(), b["center"].data_ptr(), center_size(d, pt), words.data_ptr(), rk.data_ptr(),
-        exact.v.data_ptr(), rk.stride(0), rk.stride(1), rk.stride(2), sink_k.data_ptr(), sink_v.data_ptr(),
-        sink_k.stride(0), sink_k.stride(1) if n_s else 0, sink_k.stride(2), cv.data_ptr() if cv is not None else None,
+        qc.data_ptr(), signs.data_ptr(), tau, variance_correction(view), bsz, hq, hkv, d, pt, exact.window_pages,
+        rk.shape[1], n_s, ctx.data_ptr(), pages.data_ptr(), pages.shape[1], b["codes"].data_ptr(),
+        b["scale"].data_ptr(), b["resid"].data_ptr(), b["center"].data_ptr(), center_size(d, pt), words.data_ptr(),
+        rk.data_ptr(), exact.v.data_ptr(), rk.stride(0), rk.stride(1), rk.stride(2), sink_k.data_ptr(),
+        sink_v.data_ptr(), sink_k.stride(0), sink_k.stride(1) if n_s else 0, sink_k.stride(2),
+        cv.data_ptr() if cv is not None else None,
         out.data_ptr())
     if rc != 0:
         raise RuntimeError(f"hq_cpu: geometry outside the kernel's limits (Hq {hq}, Hkv {hkv}, d {d})")

@@ -8,8 +8,9 @@ vector of any quantizer) and resid float32 instead of codes and scale.
 
 Everything happens in the rotated domain (§4.1-§4.2), query head h reading KV head h // g (GQA):
     q̃ = H·(s_K ⊙ q)/√d                                   rotate each query once
-    z_t = τ·q̃·(μ_p + ŝ_t·c_t) − ½·τ²·‖q‖²·resid_t²/d      compressed key t on page p (logit-variance correction,
-                                                          §4.1; μ_p the page key centre, kvq/page_center.py)
+    z_t = τ·q̃·(μ_p + ŝ_t·c_t) − α·½·τ²·‖q‖²·resid_t²/d    compressed key t on page p (logit-variance correction,
+                                                          §4.1, of strength α = variance_correction(view); μ_p the
+                                                          page key centre, kvq/page_center.py)
     z_t = τ·(q̃·u_t)                                       exact key t (window or sink, rotated)
     õ = Σ_t p_t·(ŝ_t c_t or u_t);  o = s_V ⊙ H·õ/√d       values accumulated rotated, un-rotated once (§4.2)
 with p = softmax(z) over the causal context and the window rule of exact.py choosing, per (query, key), the exact
@@ -144,6 +145,13 @@ class _Online:
         return self.acc / self.l[..., None]
 
 
+def variance_correction(view) -> float:
+    """α, the strength of the logit-variance correction of a view's compressed keys (view.params
+    "variance_correction", ignisd.cache.kv_format.HQFormat.variance_correction; 1, HQ_E8_2B.md §4.1's, where
+    absent). Every path folds it into ‖q‖² (its only use): z_t = τŝ_t(q̃·c_t) − ½τ²·(α‖q‖²)·resid_t²/d."""
+    return float(view.params.get("variance_correction", 1.0))
+
+
 def _view_parts(view, q: torch.Tensor) -> tuple[int, int, int, torch.Tensor]:
     signs = view.params["signs"]
     hkv, d = signs.shape[1], signs.shape[2]
@@ -178,7 +186,7 @@ def hq_paged_attention(q: torch.Tensor, view, page_table: torch.Tensor, start: i
     ctx = start + n
     dev = q.device
     qt = rotate_queries(q, signs[0]).permute(1, 2, 0, 3).reshape(hkv, g * n, d)     # rows (g, n)
-    qn2 = (q.float() ** 2).sum(-1).view(n, hkv, g).permute(1, 2, 0).reshape(hkv, g * n)
+    qn2 = (q.float() ** 2).sum(-1).mul_(variance_correction(view)).view(n, hkv, g).permute(1, 2, 0).reshape(hkv, g * n)
     ppos = torch.arange(start, ctx, device=dev)
     wlo = torch.clamp(ppos // pt - wp, min=0) * pt                  # [n] first exact position per query
 
@@ -299,7 +307,7 @@ def hq_paged_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, c
     wlo = torch.clamp(pos // pt - wp, min=0) * pt                     # [B]
     n_enc = torch.clamp(pos // pt - wp, min=0)                        # encoded pages per row
     qt = rotate_queries(q, signs[0])                                  # [B, Hkv, g, d]: g query rows per KV head
-    qn2 = (q.float() ** 2).sum(-1).view(b, hkv, g)
+    qn2 = (q.float() ** 2).sum(-1).mul_(variance_correction(view)).view(b, hkv, g)
     ring = exact.k.shape[1]
     r = torch.arange(ring, device=dev)
     rpos = pos[:, None] - torch.remainder(pos[:, None] - r[None, :], ring)   # [B, R] position held by slot r

@@ -14,11 +14,13 @@ from ignisd.model.attention import AttentionPlan
 from ignisd.model.batch import ForwardBatch, SeqChunk
 
 
-def hq_pool(layers=1, hkv=2, d=16, pt=8, window=8, sinks=2, pages=40, slots=4, centering=""):
+def hq_pool(layers=1, hkv=2, d=16, pt=8, window=8, sinks=2, pages=40, slots=4, centering="", vc=None):
     """(KVStore, StateStore, HQFormat) of a small geometry: pt-token pages, Wp = ceil(window / pt); uncentred unless
-    `centering` (the oracle here reads the stored keys as they are; test_hq_centering.py covers the centre)."""
+    `centering` (the oracle here reads the stored keys as they are; test_hq_centering.py covers the centre); vc the
+    variance correction's strength (None: the format's default)."""
+    kw = {} if vc is None else {"variance_correction": vc}
     fmt = HQFormat("hq-e8-2b", "hq-e8-2b", "float32", exact_window=window, exact_sinks=sinks, page_tokens=pt,
-                   centering=centering)
+                   centering=centering, **kw)
     geom = KVGeometry(layers, hkv, d)
     return KVStore(fmt, geom, pages, page_tokens=pt), StateStore(fmt.seq_state_buffers(geom), slots), fmt
 
@@ -47,9 +49,10 @@ def attend(q, kv, layer, plan, spans, ring):
     return out
 
 
-def oracle(q, xk, xv, khat, vhat, resid_k, start, wp, pt, sinks, scale=None):
+def oracle(q, xk, xv, khat, vhat, resid_k, start, wp, pt, sinks, vc, scale=None):
     """float64 §4 in the original domain for one sequence: q [n, Hq, d] at positions start.., xk/xv [ctx, Hkv, d]
-    exact, khat/vhat the decoded copies, resid_k [ctx, Hkv] the keys' stored resid. Returns [n, Hq, d]."""
+    exact, khat/vhat the decoded copies, resid_k [ctx, Hkv] the keys' stored resid, vc the strength α of the
+    variance correction (z −= α·½τ²‖q‖²resid²/d). Returns [n, Hq, d]."""
     n, hq, d = q.shape
     hkv = xk.shape[1]
     g = hq // hkv
@@ -65,7 +68,7 @@ def oracle(q, xk, xv, khat, vhat, resid_k, start, wp, pt, sinks, scale=None):
             keys = torch.where(exact[:, None], xk[:p + 1, kh].double(), khat[:p + 1, kh].double())
             vals = torch.where(exact[:, None], xv[:p + 1, kh].double(), vhat[:p + 1, kh].double())
             z = tau * keys @ qq
-            corr = 0.5 * tau * tau * (qq @ qq) * resid_k[:p + 1, kh].double() ** 2 / d
+            corr = vc * 0.5 * tau * tau * (qq @ qq) * resid_k[:p + 1, kh].double() ** 2 / d
             z = z - torch.where(exact, torch.zeros_like(corr), corr)
             out[i, h] = torch.softmax(z, 0) @ vals
     return out

@@ -27,14 +27,15 @@ def rel(got, ref):
     return float((got.double() - ref).abs().max() / ref.abs().max())
 
 
-@pytest.mark.parametrize("hq, hkv, d, window, sinks, pieces", [
-    (6, 2, 16, 8, 2, [13, 1, 1, 20, 1, 7, 1, 1, 1]),      # GQA 3, Wp 1, two sinks, mid-page chunks
-    (4, 4, 8, 0, 0, [5, 1, 30, 1, 1]),                     # MHA, Wp 0 (only the current page exact), no sinks
-    (2, 1, 32, 16, 1, [40, 1, 9, 1]),                      # MQA, Wp 2; a 40-token chunk is longer than the ring
-    (6, 2, 16, 16, 1, [25, 3, 1, 4, 2, 9]),                # chunks whose every compressed page precedes the window
+@pytest.mark.parametrize("hq, hkv, d, window, sinks, pieces, vc", [
+    (6, 2, 16, 8, 2, [13, 1, 1, 20, 1, 7, 1, 1, 1], None),  # GQA 3, Wp 1, two sinks, mid-page chunks
+    (4, 4, 8, 0, 0, [5, 1, 30, 1, 1], 1.0),                 # MHA, Wp 0 (only the current page exact), no sinks
+    (2, 1, 32, 16, 1, [40, 1, 9, 1], 0.0),                  # MQA, Wp 2; a 40-token chunk is longer than the ring
+    (6, 2, 16, 16, 1, [25, 3, 1, 4, 2, 9], 0.3),            # chunks whose every compressed page precedes the window
 ])
-def test_prefill_and_decode_match_the_oracle(hq, hkv, d, window, sinks, pieces, decode_backend):
-    kv, st, fmt = hq_pool(hkv=hkv, d=d, window=window, sinks=sinks)
+def test_prefill_and_decode_match_the_oracle(hq, hkv, d, window, sinks, pieces, vc, decode_backend):
+    """vc: the variance correction's strength (None: the shipped default; 1: HQ_E8_2B.md §4.1's; 0: none)."""
+    kv, st, fmt = hq_pool(hkv=hkv, d=d, window=window, sinks=sinks, vc=vc)
     pt, wp = kv.page_tokens, fmt.exact_window_pages
     g = torch.Generator().manual_seed(hq * 100 + d)
     ctx = sum(pieces)
@@ -44,12 +45,12 @@ def test_prefill_and_decode_match_the_oracle(hq, hkv, d, window, sinks, pieces, 
     for start, end, got, kh, vh, rk in run_pieces(kv, st, xk, xv, q, pages, pieces):
         n_enc = fmt.encoded_pages(end) * pt
         assert not kh[n_enc:].any()                       # nothing past the window's start is encoded yet
-        want = oracle(q[start:end], xk[:end], xv[:end], kh, vh, rk, start, wp, pt, sinks)
+        want = oracle(q[start:end], xk[:end], xv[:end], kh, vh, rk, start, wp, pt, sinks, fmt.variance_correction)
         assert rel(got, want) < 2e-5, (start, end)
 
 
 def test_batched_decode_of_three_sequences(decode_backend):
-    kv, st, fmt = hq_pool(hkv=2, d=16, window=8, sinks=1)
+    kv, st, fmt = hq_pool(hkv=2, d=16, window=8, sinks=1, vc=0.7)
     pt, wp = kv.page_tokens, fmt.exact_window_pages
     g = torch.Generator().manual_seed(4)
     lens = [3, 17, 31]
@@ -71,7 +72,7 @@ def test_batched_decode_of_three_sequences(decode_backend):
         for b, ((k, v, pages, _), n) in enumerate(zip(seqs, lens)):
             end = n + step + 1
             kh, vh, rk = decoded(kv, 0, pages, end)
-            want = oracle(q[b:b + 1], k[:end], v[:end], kh, vh, rk, end - 1, wp, pt, 1)
+            want = oracle(q[b:b + 1], k[:end], v[:end], kh, vh, rk, end - 1, wp, pt, 1, 0.7)
             assert rel(got[b:b + 1], want) < 2e-5, (b, step)
 
 
@@ -124,7 +125,7 @@ def test_small_page_blocks_match_the_oracle(monkeypatch, blocks):
     monkeypatch.setattr(hq_reference, "FLASH_MASK_ELEMENTS", 0)   # the block loop, not the one masked flash call
     monkeypatch.setattr(hq_decode, "DECODE_BLOCK_PAGES", blocks)
     monkeypatch.setenv("IGNIS_HQ_ATTENTION", "reference")
-    test_prefill_and_decode_match_the_oracle(6, 2, 16, 8, 2, [13, 1, 1, 20, 1, 7, 1, 1, 1], "reference")
+    test_prefill_and_decode_match_the_oracle(6, 2, 16, 8, 2, [13, 1, 1, 20, 1, 7, 1, 1, 1], 0.5, "reference")
     test_batched_decode_of_three_sequences("reference")
     test_one_sequence_on_a_page_run_reads_the_pool_in_place(3, "reference")
 
@@ -150,7 +151,7 @@ def test_one_sequence_on_a_page_run_reads_the_pool_in_place(sinks, decode_backen
         got = kattn.paged_decode_attention(q[p:p + 1], kv.view(0), plan.decode_pages, plan.decode_lens, exact=ring,
                                            single=plan.decode_single)
         kh, vh, rk = decoded(kv, 0, pages, p + 1)
-        want = oracle(q[p:p + 1], xk[:p + 1], xv[:p + 1], kh, vh, rk, p, wp, pt, sinks)
+        want = oracle(q[p:p + 1], xk[:p + 1], xv[:p + 1], kh, vh, rk, p, wp, pt, sinks, fmt.variance_correction)
         assert rel(got, want) < 2e-5, p
         spec = hq_reference.hq_paged_decode_attention(q[p:p + 1], kv.view(0), plan.decode_pages, plan.decode_lens,
                                                       ring)                 # the specification's decode (hq-sim's)

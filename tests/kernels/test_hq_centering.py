@@ -69,7 +69,7 @@ def test_centered_attention_matches_the_oracle(hq, hkv, window, sinks, pieces, m
         if centred:
             kh[:n_enc] += mu_k
             vh[:n_enc] += mu_v
-        want = oracle(q[start:end], xk[:end], xv[:end], kh, vh, rk, start, wp, pt, sinks)
+        want = oracle(q[start:end], xk[:end], xv[:end], kh, vh, rk, start, wp, pt, sinks, fmt.variance_correction)
         assert rel(got, want) < 2e-5, (start, end)
 
 

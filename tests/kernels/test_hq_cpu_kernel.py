@@ -26,12 +26,12 @@ def rel(got, ref):
     return float((got.double() - ref).abs().max() / ref.abs().max())
 
 
-def _sequences(hkv, d, pt, window, sinks, lens, seed, slots=4):
+def _sequences(hkv, d, pt, window, sinks, lens, seed, slots=4, vc=None):
     """A pool holding len(lens) sequences on scrambled pages, each written by prefill chunks of up to 70 tokens
     plus one decode step -> (kv, fmt, plan, ring, [(k, v, pages)]). The keys have mean 1.5 on every dim, so the page
     key centres are far from zero."""
     kv, st, fmt = hq_pool(hkv=hkv, d=d, pt=pt, window=window, sinks=sinks, pages=sum(-(-n // pt) for n in lens) + 2,
-                          slots=slots)
+                          slots=slots, vc=vc)
     g = torch.Generator().manual_seed(seed)
     pool = torch.randperm(kv.num_pages, generator=g).tolist()
     seqs = []
@@ -54,16 +54,17 @@ def _without_centre(view):
                            view.page_tokens, view.params)
 
 
-@pytest.mark.parametrize("hkv, g, d, pt, window, sinks, lens", [
-    (3, 3, 64, 64, 128, 1, [1, 64, 200, 700]),       # SmolLM2: specialised (g 3, d 64), centre float32
-    (2, 4, 256, 64, 64, 4, [5, 200, 330]),           # Qwen3.5-like head_dim 256, GQA 4, four sinks, centre e4m3
-    (1, 6, 256, 64, 64, 0, [40, 300]),               # GQA 6, no sinks, Wp 1, centre e4m3
-    (2, 2, 64, 16, 16, 1, [30, 130]),                # d 64 on 16-token pages: centre e4m3, pages cross a task
-    (2, 5, 16, 8, 8, 2, [3, 17, 300]),               # generic (g 5, d 16): the unspecialised loop, centre float16
+@pytest.mark.parametrize("hkv, g, d, pt, window, sinks, lens, vc", [
+    (3, 3, 64, 64, 128, 1, [1, 64, 200, 700], None),  # SmolLM2: specialised (g 3, d 64), centre float32
+    (2, 4, 256, 64, 64, 4, [5, 200, 330], 1.0),       # Qwen3.5-like head_dim 256, GQA 4, four sinks, centre e4m3
+    (1, 6, 256, 64, 64, 0, [40, 300], 0.0),           # GQA 6, no sinks, Wp 1, centre e4m3
+    (2, 2, 64, 16, 16, 1, [30, 130], 0.25),           # d 64 on 16-token pages: centre e4m3, pages cross a task
+    (2, 5, 16, 8, 8, 2, [3, 17, 300], 1.0),           # generic (g 5, d 16): the unspecialised loop, centre float16
 ])
-def test_matches_the_oracle_and_the_torch_path(hkv, g, d, pt, window, sinks, lens):
+def test_matches_the_oracle_and_the_torch_path(hkv, g, d, pt, window, sinks, lens, vc):
+    """vc: the variance correction's strength (None: the shipped default)."""
     assert hq_cpu.available(), hq_cpu.error()
-    kv, fmt, plan, ring, seqs = _sequences(hkv, d, pt, window, sinks, lens, seed=hkv * 31 + d)
+    kv, fmt, plan, ring, seqs = _sequences(hkv, d, pt, window, sinks, lens, seed=hkv * 31 + d, vc=vc)
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(len(lens), hkv * g, d, generator=gen) * 2
     view = kv.view(0)
@@ -72,7 +73,7 @@ def test_matches_the_oracle_and_the_torch_path(hkv, g, d, pt, window, sinks, len
     torch_path = hq_decode.hq_decode_attention(q, view, plan.decode_pages, plan.decode_lens, ring)
     for b, ((k, v, pages), n) in enumerate(zip(seqs, lens)):
         kh, vh, rk = decoded(kv, 0, pages, n)
-        want = oracle(q[b:b + 1], k, v, kh, vh, rk, n - 1, fmt.exact_window_pages, pt, sinks)
+        want = oracle(q[b:b + 1], k, v, kh, vh, rk, n - 1, fmt.exact_window_pages, pt, sinks, fmt.variance_correction)
         assert rel(got[b:b + 1], want) < 2e-5, (b, n)
         assert rel(torch_path[b:b + 1], want) < 2e-5, (b, n)
     # the centre is there (the keys' mean, 1.5 on every dim, is rotated: its RMS over the dims stays 1.5, rounded to

@@ -49,13 +49,13 @@ def centre_rms(kv, pages, d):
     return page_center.unpack(kv.view(0).buffers["center"][pages], d).pow(2).mean(-1).sqrt()
 
 
-@pytest.mark.parametrize("hq, hkv, d, pt, window, sinks, pieces", [
-    (6, 2, 16, 8, 8, 2, [13, 1, 20, 1]),             # centre float16 (d <= 2·pt)
-    (2, 1, 32, 8, 16, 0, [30, 1, 1]),                # centre float8 e4m3 (d <= 4·pt)
-    (2, 1, 16, 16, 16, 1, [40, 1]),                  # centre float32 (d <= pt)
+@pytest.mark.parametrize("hq, hkv, d, pt, window, sinks, pieces, vc", [
+    (6, 2, 16, 8, 8, 2, [13, 1, 20, 1], None),       # centre float16 (d <= 2·pt); the default correction
+    (2, 1, 32, 8, 16, 0, [30, 1, 1], 1.0),           # centre float8 e4m3 (d <= 4·pt); the spec's full correction
+    (2, 1, 16, 16, 16, 1, [40, 1], 0.0),             # centre float32 (d <= pt); no correction
 ])
-def test_triton_prefill_and_decode_match_the_reference(monkeypatch, hq, hkv, d, pt, window, sinks, pieces):
-    kv, st, fmt = hq_pool(hkv=hkv, d=d, pt=pt, window=window, sinks=sinks)
+def test_triton_prefill_and_decode_match_the_reference(monkeypatch, hq, hkv, d, pt, window, sinks, pieces, vc):
+    kv, st, fmt = hq_pool(hkv=hkv, d=d, pt=pt, window=window, sinks=sinks, vc=vc)
     g = torch.Generator().manual_seed(d)
     ctx = sum(pieces)
     xk, xv = torch.randn(ctx, hkv, d, generator=g) + 1.5, torch.randn(ctx, hkv, d, generator=g)

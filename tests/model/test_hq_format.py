@@ -9,6 +9,7 @@ import pytest
 from ignis_kernels.attention import encoded_pages as kernel_encoded_pages
 from ignisd.buffers import BufferSpec, total_bytes
 from ignisd.cache.kv_format import HQFormat, KVGeometry, get_kv_format
+from ignisd.cache.kv_store import KVStore
 from ignisd.cache.manager import CacheManager
 from ignisd.cache.page_pool import PagePool
 from ignisd.cache.retained import RetainedStore
@@ -70,6 +71,23 @@ def test_window_parameters():
         for ctx in range(0, 400, 7):
             assert g.encoded_pages(ctx) == kernel_encoded_pages(ctx, wp, 64)
             assert g.retained_pages(ctx, 64) == (g.encoded_pages(ctx), False)
+
+
+def test_variance_correction_is_a_read_parameter_from_0_to_1():
+    """The correction's strength α reaches every layer's view and changes no stored byte: the page buffers and the
+    stamp (what retained state and KV-disk files are matched by) stay those of the default."""
+    base = get_kv_format("hq-e8-2b")
+    assert base.variance_correction == 0.6
+    for vc in (0, 0.25, 1):
+        f = get_kv_format("hq-e8-2b", variance_correction=vc)
+        assert f.variance_correction == float(vc)
+        assert f.stamp == base.stamp and f.page_buffers(SMOLLM2) == base.page_buffers(SMOLLM2)
+        kv = KVStore(f, KVGeometry(2, 1, 64), 2)
+        assert [kv.view(i).params["variance_correction"] for i in range(2)] == [float(vc)] * 2
+    for bad in (-0.1, 1.5, float("nan"), True, "0.5"):
+        with pytest.raises(ValueError, match="variance_correction .* must be a number from 0 to 1"):
+            get_kv_format("hq-e8-2b", variance_correction=bad)
+    assert get_kv_format("fp32", variance_correction=0.3) == get_kv_format("fp32")   # dense formats ignore it
 
 
 @pytest.mark.parametrize("kv_format, head_dim, want, why", [
