@@ -100,7 +100,7 @@ class KVStore:
         self._views = [PagedView(fmt.tag, {name: t[layer].view(num_pages, page_tokens, *t.shape[2:])
                                            for name, t in self._buffers.items()}, page_tokens,
                                  {"signs": self.signs[layer],
-                                  "variance_correction": getattr(fmt, "variance_correction", 1.0)}
+                                  "variance_correction": fmt.variance_correction}
                                  if self.signs is not None else {})
                        for layer in range(self.n_attention_layers)]
         if fmt.tag == "dense":

@@ -5,7 +5,7 @@ The same formulas as hq_reference.hq_paged_decode_attention (the specification, 
     q_s = τ·H·(s_K ⊙ q)/√d                                 the query rotated (and scaled by τ) once
     z_t = ŝ_t·(q_s·c_t) + q_s·μ_p − α·½·τ²·‖q‖²·resid_t²/d compressed key t on page p, codeword c_t (§4.1), page
                                                            key centre μ_p (kvq/page_center.py), α the
-                                                           correction's strength (hq_reference.variance_correction)
+                                                           correction's strength (hq_reference.corrected_qn2)
     z_t = q_s·u_t                                          exact key t (ring slot or sink)
     o = s_V ⊙ H·(Σ_t p_t·(ŝ_t c_t or u_t))/√d              p = softmax(z) under the window rule (exact.py)
 but with fewer and cheaper torch operations, since on the CPU a decode step costs its operator count plus the bytes
@@ -30,7 +30,7 @@ from functools import lru_cache
 
 import torch
 
-from ignis_kernels.attention.hq_reference import _Online, rotate_queries, unrotate_output, variance_correction
+from ignis_kernels.attention.hq_reference import _Online, corrected_qn2, rotate_queries, unrotate_output
 from ignis_kernels.kvq import page_center
 from ignis_kernels.kvq.codebook import decode_table
 
@@ -125,7 +125,7 @@ def hq_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, context
     wp, pt = exact.window_pages, view.page_tokens
     n_s, ring = exact.sink_k.shape[1], exact.k.shape[1]
     qs = rotate_queries(q, signs[0]).mul_(tau)                            # [B, Hkv, g, d]
-    cq = q.float().reshape(bsz, hkv, g, d).pow(2).sum(-1).mul_(0.5 * variance_correction(view) * tau * tau / d)
+    cq = corrected_qn2(q, view).view(bsz, hkv, g).mul_(0.5 * tau * tau / d)              # [B, Hkv, g]
     zr, fr = _exact_part(qs, exact.k, exact.v)                            # ring [B, Hkv, g, R]
     zs, fs = _exact_part(qs, exact.sink_k, exact.sink_v) if n_s else (None, None)
     if bsz == 1:

@@ -152,6 +152,12 @@ def variance_correction(view) -> float:
     return float(view.params.get("variance_correction", 1.0))
 
 
+def corrected_qn2(q: torch.Tensor, view) -> torch.Tensor:
+    """α‖q‖², the query's factor of the variance correction (variance_correction), float32 [..., Hq] for queries q
+    [..., Hq, d]: what every torch-side path multiplies by ½τ²·resid_t²/d (the C kernel takes α and forms it)."""
+    return (q.float() ** 2).sum(-1).mul_(variance_correction(view))
+
+
 def _view_parts(view, q: torch.Tensor) -> tuple[int, int, int, torch.Tensor]:
     signs = view.params["signs"]
     hkv, d = signs.shape[1], signs.shape[2]
@@ -186,7 +192,7 @@ def hq_paged_attention(q: torch.Tensor, view, page_table: torch.Tensor, start: i
     ctx = start + n
     dev = q.device
     qt = rotate_queries(q, signs[0]).permute(1, 2, 0, 3).reshape(hkv, g * n, d)     # rows (g, n)
-    qn2 = (q.float() ** 2).sum(-1).mul_(variance_correction(view)).view(n, hkv, g).permute(1, 2, 0).reshape(hkv, g * n)
+    qn2 = corrected_qn2(q, view).view(n, hkv, g).permute(1, 2, 0).reshape(hkv, g * n)
     ppos = torch.arange(start, ctx, device=dev)
     wlo = torch.clamp(ppos // pt - wp, min=0) * pt                  # [n] first exact position per query
 
@@ -307,7 +313,7 @@ def hq_paged_decode_attention(q: torch.Tensor, view, page_table: torch.Tensor, c
     wlo = torch.clamp(pos // pt - wp, min=0) * pt                     # [B]
     n_enc = torch.clamp(pos // pt - wp, min=0)                        # encoded pages per row
     qt = rotate_queries(q, signs[0])                                  # [B, Hkv, g, d]: g query rows per KV head
-    qn2 = (q.float() ** 2).sum(-1).mul_(variance_correction(view)).view(b, hkv, g)
+    qn2 = corrected_qn2(q, view).view(b, hkv, g)
     ring = exact.k.shape[1]
     r = torch.arange(ring, device=dev)
     rpos = pos[:, None] - torch.remainder(pos[:, None] - r[None, :], ring)   # [B, R] position held by slot r

@@ -1,7 +1,7 @@
 """Attention over hq-e8-2b pages as a Triton kernel (HQ_E8_2B.md §4), the same maths and signatures as
 hq_reference.py: the query rotated once (in torch, one FWHT per head), keys decoded tile by tile inside the kernel
 straight from the int16 codes through the 65,536 × 8 decode table and dotted in the rotated domain with the
-logit-variance correction (of strength α: the kernel is given α‖q‖², hq_reference.variance_correction) and the page
+logit-variance correction (of strength α: the kernel is given α‖q‖², hq_reference.corrected_qn2) and the page
 key centre's q̃·μ_K (kvq/page_center.py; every page's μ_K decoded once a call
 in torch, [P, Hkv, d] float32, and read as a [BT, d] tile a key block), values accumulated rotated with an online
 softmax, the output un-rotated once (torch).
@@ -19,7 +19,7 @@ import math
 import torch
 
 from ignis_kernels.attention.exact import ExactRing, ExactSpan
-from ignis_kernels.attention.hq_reference import rotate_queries, unrotate_output, variance_correction
+from ignis_kernels.attention.hq_reference import corrected_qn2, rotate_queries, unrotate_output
 from ignis_kernels.kvq import page_center
 from ignis_kernels.kvq.codebook import decode_table
 
@@ -112,7 +112,7 @@ def _run(q, view, table, trow, pos, ek, ev, e_row, n_exact, first, sk, sv, s_row
     n, hq = q.shape[0], q.shape[1]
     g = hq // hkv
     qt = rotate_queries(q, signs[0]).reshape(n, hq, d).contiguous()
-    qn2 = (q.float() ** 2).sum(-1).mul_(variance_correction(view)).contiguous()     # α‖q‖²: the correction's
+    qn2 = corrected_qn2(q, view).contiguous()                          # α‖q‖² [n, Hq]
     codes, sc, rs = view.buffers["codes"], view.buffers["scale"], view.buffers["resid"]
     mu = page_center.unpack(view.buffers["center"], d).contiguous()      # [P, Hkv, d] float32 page key centres
     out = torch.empty(n, hq, d, dtype=torch.float32, device=q.device)
