@@ -118,7 +118,7 @@ class AsyncClient(_Base):
         self._queues.pop(rid, None)
         self._answered.discard(rid)
 
-    async def request(self, op: str, **fields: Any) -> dict:
+    async def request(self, op: str, /, **fields: Any) -> dict:
         """Send one request and return its terminal reply (``done`` or ``result``). Raises IgnisError."""
         rid, q = await self._open(op, fields)
         try:
@@ -129,7 +129,7 @@ class AsyncClient(_Base):
         finally:
             self._finish(rid)
 
-    def stream(self, op: str, **fields: Any) -> "AsyncEventStream":
+    def stream(self, op: str, /, **fields: Any) -> "AsyncEventStream":
         """An AsyncEventStream over a generating request sent with stream=true."""
         return AsyncEventStream(self, op, {**fields, "stream": True})
 

@@ -186,7 +186,8 @@ def parse_sampling(obj: dict) -> Sampling:
             raise _bad("stop", "must not be an empty string")
         stops = [stop]
     else:
-        _list(stop, "stop")
+        if not isinstance(stop, list):
+            raise _bad("stop", f"must be a string or an array of strings, got {_json_type(stop)}")
         if len(stop) > MAX_STOP:
             raise _bad("stop", f"at most {MAX_STOP} stop strings, got {len(stop)}")
         for i, s in enumerate(stop):

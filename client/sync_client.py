@@ -98,7 +98,7 @@ class Client(_Base):
         self._queues.pop(rid, None)
         self._answered.discard(rid)
 
-    def request(self, op: str, **fields: Any) -> dict:
+    def request(self, op: str, /, **fields: Any) -> dict:
         """Send one request and return its terminal reply (``done`` or ``result``; deltas are skipped).
         Raises IgnisError on an ``error`` reply."""
         rid = self._send(op, fields)
@@ -110,7 +110,7 @@ class Client(_Base):
         finally:
             self._finish(rid)
 
-    def stream(self, op: str, **fields: Any) -> Iterator[dict]:
+    def stream(self, op: str, /, **fields: Any) -> Iterator[dict]:
         """Send a generating request with stream=true and iterate its events (deltas, then done). Closing the
         iterator early cancels the request."""
         rid = self._send(op, {**fields, "stream": True})

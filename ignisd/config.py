@@ -129,6 +129,11 @@ def _read_toml(path: str) -> dict:
 def _toml_values(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for sec, body in doc.items():
+        if sec not in SECTIONS and not isinstance(body, dict):      # `lanes = 4` above every [section]
+            homes = [k.key for k in KEYS if k.name == sec]
+            raise ConfigError(sec, body, "keys inside the sections " + ", ".join(SECTIONS)
+                              + (f" (did you mean {homes[0]}, under [{homes[0].split('.')[0]}]?)" if homes else ""),
+                              source, problem="a key outside any section, given")
         if sec not in SECTIONS:
             raise ConfigError(f"[{sec}]", _NO_VALUE, "sections " + ", ".join(SECTIONS), source,
                               problem="unknown section")

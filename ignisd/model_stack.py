@@ -97,7 +97,8 @@ class ModelStack:
     (ignisd.model.loader.LoadedModel), tokenizer, template, kv, states, scheduler, engine, edge, model_info.
 
     metrics: ignisd.metrics.Metrics or None. progress: the loader's progress callable (ignisd.progress).
-    Raises StartupError (exit 1) when the weights cannot be read.
+    Raises StartupError (exit 1) when the weights cannot be read, (exit 2, naming vram.kv_pool_bytes) when the KV
+    pool cannot be allocated.
     """
 
     def __init__(self, plan: LoadPlan, metrics=None, progress=None):
@@ -122,7 +123,12 @@ class ModelStack:
         self.template = ChatTemplate(tk.chat_template, tk.bos_token, tk.eos_token) if tk.chat_template else None
         pages = plan.pages
         stable = rope_stable_dims(spec)
-        self.kv = KVStore(fmt, spec, pages, page_tokens=PAGE_TOKENS, center_dims=stable, page_center_dims=1 - stable)
+        try:
+            self.kv = KVStore(fmt, spec, pages, page_tokens=PAGE_TOKENS, center_dims=stable,
+                              page_center_dims=1 - stable)
+        except (RuntimeError, MemoryError) as e:   # the allocator's refusal (preflight checked MemAvailable)
+            raise StartupError(f"vram.kv_pool_bytes: the KV pool of {pages} pages could not be allocated "
+                               f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); lower it", exit_code=2) from None
         state_buffers = spec.state_buffers() + fmt.seq_state_buffers(spec)
         pool = PagePool(pages, PAGE_TOKENS)
         self.states, slots, state_bytes = None, None, 0

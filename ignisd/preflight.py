@@ -3,7 +3,8 @@
 †: imports no torch. What can be checked from the configuration and the model's metadata alone is checked here, so
 a refused value ends the start at once with exit code 2 and the key named, not seconds later after the weights
 loaded: the API key file, the model's architecture numbers (config.json or the GGUF header, no tensor read), the
-KV format and weight format, the context cap, and the KV pool's size (at least one page).
+KV format and weight format, the context cap, and the KV pool's size (at least one page, at most the available
+memory).
 """
 from __future__ import annotations
 
@@ -90,7 +91,8 @@ def plan_pool_pages(cfg: Config, bytes_per_token: int, context: int, mem_availab
     """KV pool pages (DESIGN §4.1): vram.kv_pool_bytes in bytes (whole pages, rounded down) or in tokens (whole
     pages, rounded down), else lanes × context tokens capped at half of `mem_available` bytes.
     bytes_per_token: KV bytes of one token in the pool's format. Raises StartupError (exit 2) naming
-    vram.kv_pool_bytes when the size holds less than one page (64 tokens)."""
+    vram.kv_pool_bytes when the size holds less than one page (64 tokens), or when the pool it asks for is larger
+    than `mem_available` bytes (the pool is host memory on the CPU: allocating it would fail or swap the machine)."""
     page_bytes = bytes_per_token * PAGE_TOKENS
     size = cfg.vram.kv_pool_bytes
     if size is None:
@@ -106,6 +108,11 @@ def plan_pool_pages(cfg: Config, bytes_per_token: int, context: int, mem_availab
     if pages < 1:
         raise StartupError(f"{what} holds no whole KV page (a page is {PAGE_TOKENS} tokens = {page_bytes} bytes "
                            f"in this model's KV format); raise vram.kv_pool_bytes", exit_code=2)
+    if pages * page_bytes > mem_available:
+        fit = mem_available // page_bytes * PAGE_TOKENS
+        raise StartupError(f"{what} asks for a KV pool of {pages * page_bytes} bytes ({pages} pages of "
+                           f"{page_bytes} bytes), more than the available memory ({mem_available} bytes, "
+                           f"MemAvailable); lower vram.kv_pool_bytes (at most {fit} tokens fit)", exit_code=2)
     return int(pages)
 
 

@@ -48,6 +48,8 @@ def start_daemon(tmp_path_factory):
         return d
 
     yield start
+    for d in procs:                      # every daemon shuts down at once: the session ends after the slowest
+        d.terminate()
     for d in procs:
         d.stop()
 

@@ -93,6 +93,7 @@ class DaemonProc:
             full_env.pop(name, None)
         full_env.update(env or {})
         self.log_file = open(self.log_path, "wb")
+        self._terminated = False
         self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT,
                                      **(popen or {}))
         deadline = time.monotonic() + 300
@@ -158,9 +159,15 @@ class DaemonProc:
             assert time.monotonic() < deadline, self.status()["tiers"]
             time.sleep(0.02)
 
+    def terminate(self) -> None:
+        """Ask the daemon to shut down (SIGTERM) without waiting: stop() then waits for it."""
+        if self.proc.poll() is None and not self._terminated:
+            self.proc.send_signal(signal.SIGTERM)
+            self._terminated = True
+
     def stop(self) -> int:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()                 # once: a second SIGTERM would exit at once, skipping the shutdown
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:

@@ -34,6 +34,7 @@ def test_the_broken_model_really_fails_to_load(broken_weights_dir, tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (["--vram-kv-pool-bytes", "63tok"], "vram.kv_pool_bytes = 63 tokens holds no whole KV page"),
     (["--vram-kv-pool-bytes", "100"], "vram.kv_pool_bytes = 100 bytes holds no whole KV page"),
+    (["--vram-kv-pool-bytes", "1T"], "vram.kv_pool_bytes = 1099511627776 bytes asks for a KV pool of "),
     (["--model-context-tokens", "999999"], "model.context_tokens = 999999 exceeds the model's context"),
     (["--server-api-key-file", "/nonexistent/key"], "server.api_key_file '/nonexistent/key'"),
     (["--model-weight-format", "int4"], "model.weight_format: invalid value 'int4'"),
@@ -71,6 +72,19 @@ def test_pool_sizes_below_a_page_are_refused_in_tokens_and_bytes():
         with pytest.raises(StartupError) as e:
             plan_pool_pages(_cfg(size), 1000, 4096, 1 << 40)
         assert e.value.exit_code == 2 and "vram.kv_pool_bytes" in str(e.value)
+
+
+def test_a_pool_larger_than_the_available_memory_is_refused():
+    # a page is 64,000 bytes: 3 pages (192,000 bytes) fit in 192,000 bytes of MemAvailable, not in 191,999
+    assert plan_pool_pages(_cfg(Size(bytes=192_000)), 1000, 4096, 192_000) == 3
+    assert plan_pool_pages(_cfg(Size(tokens=192)), 1000, 4096, 192_000) == 3
+    for size in (Size(bytes=192_000), Size(tokens=192)):
+        with pytest.raises(StartupError) as e:
+            plan_pool_pages(_cfg(size), 1000, 4096, 191_999)
+        msg = str(e.value)
+        assert e.value.exit_code == 2 and "vram.kv_pool_bytes" in msg, msg
+        assert "192000 bytes (3 pages of 64000 bytes)" in msg and "(191999 bytes, MemAvailable)" in msg, msg
+        assert "at most 128 tokens fit" in msg, msg                 # 2 whole pages of 64 tokens
 
 
 def test_the_default_pool_is_lanes_times_context_capped_at_half_the_memory():

@@ -214,6 +214,10 @@ def test_client_owned_fields_and_unencodable_text_fail_at_once(daemon):
             c.chat("hi", id="mine")
         with pytest.raises(ValueError, match=r"^api_key: "):
             c.request("chat", api_key="k", messages=[])
+        with pytest.raises(ValueError, match=r"^op: set by the client"):   # not a TypeError of the method's op
+            c.chat("hi", op="status")
+        with pytest.raises(ValueError, match=r"^op: "):
+            next(iter(c.stream("chat", op="status", messages=[])))
         for call, field in ((lambda: c.chat("bad \ud800 text"), "messages[0].content"),
                             (lambda: c.chat("hi", temperature=float("nan")), "temperature"),
                             (lambda: c.chat("hi", max_tokens=2 ** 64), "max_tokens"),
@@ -230,6 +234,8 @@ def test_client_owned_fields_and_unencodable_text_fail_at_once(daemon):
         async with AsyncClient(daemon.path, timeout=5) as ac:
             with pytest.raises(ValueError):
                 await ac.chat("hi", id="mine")
+            with pytest.raises(ValueError, match=r"^op: set by the client"):
+                await ac.chat("hi", op="status")
             return await ac.health()
     assert asyncio.run(go())["ok"] is True
 

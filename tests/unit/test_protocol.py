@@ -416,3 +416,9 @@ def test_an_integer_past_64_bits_is_named_as_such():
         P.parse_request(orjson.loads(line))
     assert e.value.field == "max_tokens" and "too large for 64 bits (about 1e+20)" in str(e.value)
     assert "got 1e+20" not in str(e.value)
+
+
+def test_stop_of_another_type_says_a_string_is_accepted_too():
+    # OpenAI's `stop` is a string or an array of strings: the message says both
+    e = err({"id": "s", "op": "chat", "messages": USER, "stop": 5})
+    assert e["error"]["message"] == "stop: must be a string or an array of strings, got a number", e
