@@ -34,7 +34,7 @@ import torch
 
 import ignis_kernels.kvq as kvq
 from ignis_kernels.attention import ExactRing, ExactSpan, PagedView, window_start
-from ignis_kernels.kvq import page_center
+from ignis_kernels.kvq import page_center, window_cpu
 from ignis_kernels.kvq.rotation import layer_signs, rotate, unrotate
 from ignisd.cache.kv_format import Geometry, KVFormat, KVGeometry
 from ignisd.vocab import PAGE_TOKENS
@@ -259,6 +259,34 @@ def _recenter(t: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
     return (t.float() - mu.unsqueeze(-3)).to(t.dtype)
 
 
+def _write_decode_row(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, win: torch.Tensor,
+                      sinks: torch.Tensor | None, center: torch.Tensor | None, cvals: bool) -> ExactRing | None:
+    """write_exact for a batch of one decode row on a step where no page leaves the window and no centre is fixed
+    (63 steps of 64), by one C call (ignis_kernels.kvq.window_cpu: steps 1 and 4, the same float32 bytes as the
+    torch path) -> the row's ExactRing (step 5), or None where this does not apply (more rows, the kernel
+    unavailable, a page or centre event, another dtype or device), for the torch path to run. win, sinks, center:
+    the layer's state buffers as write_exact takes them."""
+    if (plan.decode_rows is None or plan.decode_slots is None or plan.decode_lens.shape[0] != 1
+            or not window_cpu.available()):
+        return None
+    fmt, pt = store.format, store.page_tokens
+    wp, n_sinks = fmt.exact_window_pages, fmt.exact_sinks
+    p, s0 = int(plan.decode_lens[0]) - 1, int(plan.decode_slots[0])
+    c0 = (wp + 1) * pt                                                        # page 0 leaves the window at c0
+    if (center is not None and p == c0) or (p % pt == 0 and p // pt - wp - 1 >= 0):
+        return None
+    k, v, signs = k.float().contiguous(), v.float().contiguous(), store.signs[layer]   # (v may be bf16: exact)
+    if not window_cpu.supports(k, v, signs, win):
+        return None
+    on = center is not None and p >= c0
+    window_cpu.write_row(k, v, signs, center[s0] if on else None, win[s0, :, p % fmt.ring_tokens],
+                         sinks[s0, :, p] if sinks is not None and p < n_sinks else None)
+    cv = (center[s0:s0 + 1, 1] if on else torch.zeros_like(center[:1, 1])) if cvals else None
+    sk = sinks[s0:s0 + 1] if sinks is not None else win.new_zeros(1, 2, 0, *win.shape[3:])
+    w = win[s0:s0 + 1]                                                        # [1, 2, R, Hkv, d]
+    return ExactRing(w[:, 0], w[:, 1], sk[:, 0], sk[:, 1], wp, cv)
+
+
 def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, states) -> tuple[list, ExactRing | None]:
     """Steps 1-5 above for attention layer `layer` of `store` (a KVStore of an exact-window format).
 
@@ -278,6 +306,10 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
     sinks = states.buffer("kv_sinks")[:, layer] if n_sinks else None         # [slots, 2, S, Hkv, d]
     center = states.buffer("kv_center")[:, layer] if getattr(fmt, "centering", "") else None  # [slots, 2, Hkv, d]
     cvals = center is not None and fmt.centers_values                         # μ_V added back by attention
+    if not plan.prefill:
+        ring_out = _write_decode_row(store, layer, k, v, plan, win, sinks, center, cvals)
+        if ring_out is not None:
+            return [], ring_out
     u = rotate(torch.stack((k, v), dim=1), signs).to(win.dtype)             # [T, 2, Hkv, d], one FWHT for both
     dev = u.device
     enc_rows: list[torch.Tensor] = []
