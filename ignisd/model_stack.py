@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ignis_kernels.attention import decode_kernel
-from ignis_kernels.kvq import encode_kernel
+from ignis_kernels.kvq import encode_kernel, window_kernel
 from ignisd.cache.kv_format import get_kv_format
 from ignisd.cache.kv_store import KVStore
 from ignisd.cache import transfer
@@ -186,7 +186,8 @@ class ModelStack:
         log.info("vram_plan", model=spec.name, model_bytes=self.loaded.weight_bytes,
                  weight_format=cfg.model.weight_format, kv_format=self.kv_format,
                  kv_format_why=plan.kv_why, kv_decode_kernel=decode_kernel(fmt.tag, self.kv.device),
-                 **({"kv_encode_kernel": encode_kernel(self.kv.device)} if fmt.tag == "hq-e8-2b" else {}),
+                 **({"kv_encode_kernel": encode_kernel(self.kv.device),
+                     "kv_window_kernel": window_kernel(self.kv.device)} if fmt.tag == "hq-e8-2b" else {}),
                  kv_stamp=fmt.stamp, page_bytes=self.kv.page_bytes, kv_pool_pages=pages,
                  kv_pool_tokens=pages * PAGE_TOKENS,
                  kv_pool_bytes=self.kv.nbytes, state_bytes=state_bytes,

@@ -141,10 +141,12 @@ class ForwardBatch:
 
 
 def matmul_rows(rows: int, batch_invariant: bool) -> int:
-    """Row count to run the matmuls with: with ``batch_invariant`` a batch of fewer than 12 rows is padded to a
-    multiple of 4 (MKL picks another kernel for 1-3 rows, so a row's result would depend on its batch)."""
-    if batch_invariant and rows < 12:
-        return -(-rows // 4) * 4
+    """Row count to run the matmuls with: with ``batch_invariant`` a batch of fewer than 16 rows is padded to 16.
+    MKL's sgemm rounds a row differently by the call's row count: one kernel for 1-3 rows and another from 4 on (an
+    AVX2 Xeon), or 1, 2-15 and 16 on (an AVX-512/AMX Xeon, measured at one thread up to 600 rows); from 16 rows both
+    give a row the same bits whatever the batch, so a row's result does not depend on its batch-mates."""
+    if batch_invariant and rows < 16:
+        return 16
     return rows
 
 

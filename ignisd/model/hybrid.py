@@ -181,11 +181,12 @@ class Decoder:
     attention are fp32 in every format; the delta-rule state is always fp32. Weights may be GroupQuant only on llama
     layers (attention q/k/v/o, mlp gate/up/down) and the token table.
 
-    batch_invariant: when True, a forward of fewer than 12 tokens is padded to a multiple of 4 rows in the matmuls,
-    because MKL's sgemm takes a different (differently rounded) path for 1-3 rows, and for 5-11 rows at some thread
-    counts. On llama every row's logits are then bitwise independent of what else is in the batch (on CPU with MKL),
-    at ~2x the matmul time of a single-lane decode step. Off by default (batched and alone then agree to ~1e-4 in
-    the logits). Bitwise batch independence is NOT established for the hybrids (padding rows go through no conv,
+    batch_invariant: when True, a forward of fewer than 16 tokens is padded to 16 rows in the matmuls
+    (batch.matmul_rows), because MKL's sgemm takes differently rounded paths by row count (1-3 rows on AVX2 CPUs,
+    1 and 2-15 on AVX-512 ones). On llama every row's logits are then bitwise independent of what else is in the
+    batch (on CPU with MKL, at one thread; at two, some shapes change path again between 57 and 128 rows on an
+    AVX-512 Xeon), at ~3x the matmul time of a single-lane decode step. Off by default (batched and alone then agree
+    to ~1e-4 in the logits). Bitwise batch independence is NOT established for the hybrids (padding rows go through no conv,
     recurrence or attention, but MoE experts see a batch-dependent number of rows and prefill row counts differ:
     batched-vs-alone stays ~2e-6 in the logits with it on), so treat it as a no-op there.
     Attributes: spec, layers (mixer, mlp, in_norm, post_norm each), embed, norm, lm_head, rotary, device, dtype.

@@ -20,7 +20,7 @@ from ignis_kernels.kvq import reference
 from ignis_kernels.kvq.rotation import FORMAT_SEED, layer_signs, rotate, sign_vector, unrotate
 
 __all__ = ["encode_rotated", "decode_rotated", "codewords", "rotate", "unrotate", "sign_vector", "layer_signs",
-           "FORMAT_SEED", "backend", "encode_kernel"]
+           "FORMAT_SEED", "backend", "encode_kernel", "window_kernel"]
 
 decode_rotated = reference.decode_rotated
 codewords = reference.codewords
@@ -46,6 +46,16 @@ def encode_kernel(device: torch.device) -> str:
         return "reference"
     from ignis_kernels.kvq import e8p_cpu
     return "cpu (C nearest-codeword kernel)" if e8p_cpu.available() else f"reference (torch; {e8p_cpu.error()})"
+
+
+def window_kernel(device: torch.device) -> str:
+    """What writes a lone decode row into the exact window on `device`, for the vram_plan line: "cpu (C decode-row
+    kernel)" (window_cpu.c) or "torch" (with why the C kernel is not used, on the CPU). Builds the C kernel when it is
+    not built yet."""
+    if device.type != "cpu":
+        return "torch"
+    from ignis_kernels.kvq import window_cpu
+    return "cpu (C decode-row kernel)" if window_cpu.available() else f"torch ({window_cpu.error()})"
 
 
 def encode_rotated(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

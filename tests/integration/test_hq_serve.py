@@ -72,6 +72,7 @@ def test_smollm_hq_answers_paris_and_reports_the_format(smollm_hq):
     assert "kv_pool_pages=256" in plan and "kv_pool_tokens=16384" in plan
     assert 'kv_decode_kernel="cpu (fused C kernel)"' in plan, plan
     assert 'kv_encode_kernel="cpu (C nearest-codeword kernel)"' in plan, plan
+    assert 'kv_window_kernel="cpu (C decode-row kernel)"' in plan, plan
 
 
 def _turns(c, daemon, off, system_words):

@@ -138,7 +138,7 @@ def test_batched_forward_equals_each_alone_smollm(smollm_ours, prompt_ids):
     for k in seqs:
         err = (batched[k] - alone[k]).abs().max().item()
         print(f"smollm batched vs alone seq {k}: {err:.3g}")
-        assert err <= 1e-4
+        assert err <= 2e-4                     # logits up to ~40: 5e-6 relative (1.1e-4 on an AVX-512/AMX Xeon)
         assert torch.equal(batched[k].argmax(-1), alone[k].argmax(-1))
 
 
