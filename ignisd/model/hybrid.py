@@ -186,9 +186,9 @@ class Decoder:
     1 and 2-15 on AVX-512 ones). On llama every row's logits are then bitwise independent of what else is in the
     batch (on CPU with MKL, at one thread; at two, some shapes change path again between 57 and 128 rows on an
     AVX-512 Xeon), at ~3x the matmul time of a single-lane decode step. Off by default (batched and alone then agree
-    to ~1e-4 in the logits). Bitwise batch independence is NOT established for the hybrids (padding rows go through no conv,
-    recurrence or attention, but MoE experts see a batch-dependent number of rows and prefill row counts differ:
-    batched-vs-alone stays ~2e-6 in the logits with it on), so treat it as a no-op there.
+    to ~1e-4 in the logits). Bitwise batch independence is NOT established for the hybrids (padding rows go through
+    no conv, recurrence or attention, but MoE experts see a batch-dependent number of rows and prefill row counts
+    differ: batched-vs-alone stays ~2e-6 in the logits with it on), so treat it as a no-op there.
     Attributes: spec, layers (mixer, mlp, in_norm, post_norm each), embed, norm, lm_head, rotary, device, dtype.
     """
 
