@@ -266,8 +266,8 @@ def _write_decode_row(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan,
     torch path) -> the row's ExactRing (step 5), or None where this does not apply (more rows, the kernel
     unavailable, a page or centre event, another dtype or device), for the torch path to run. win, sinks, center:
     the layer's state buffers as write_exact takes them."""
-    if (plan.decode_rows is None or plan.decode_slots is None or plan.decode_lens.shape[0] != 1
-            or not window_cpu.available()):
+    if (k.device.type != "cpu" or plan.decode_rows is None or plan.decode_slots is None
+            or plan.decode_lens.shape[0] != 1 or not window_cpu.available()):   # (no device syncs below on CUDA)
         return None
     fmt, pt = store.format, store.page_tokens
     wp, n_sinks = fmt.exact_window_pages, fmt.exact_sinks
