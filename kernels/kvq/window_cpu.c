@@ -1,11 +1,11 @@
-/* One decode row's write into its exact window on the CPU (HQ_E8_2B.md §2.1, §4.3; ignisd/cache/kv_store.write_exact
- * steps 1 and 4 for a single decode row), in one call instead of about a dozen torch operators:
+/* One decode row's write into its exact window on the CPU (HQ_E8_2B.md §2.1, §4.3;
+ * ignisd/cache/exact_window.write_exact steps 1 and 4 for a single decode row), in one call instead of about a dozen torch operators:
  *
  *   u = H·(s_κ ⊙ x)/√d                for the row's keys (κ = 0) and values (κ = 1), every KV head
  *   u ← u − μ_κ                       when the sequence is centred (μ: its [2, Hkv, d] centre), else u as it is
  *   ring[κ, pos % R, h] ← u           and sinks[κ, pos, h] ← u when pos < S
  *
- * bit for bit what rotation.rotate and kv_store._recenter compute in float32: the sign product is exact, the
+ * bit for bit what rotation.rotate and exact_window._recenter compute in float32: the sign product is exact, the
  * butterfly stages (a, b) → (a + b, a − b) run at distances 1, 2, 4, ..., d/2 in rotation.fwht's order, then one
  * multiply by the float32 1/√d and one subtraction, each rounded on its own (fp-contract off: no fused multiply-add).
  */

@@ -5,7 +5,7 @@ A decode step writes one token per attention layer: rotate its key and value (ro
 subtract the sequence's centre once it is centred (§4.3), and store the result in the ring slot pos % R (and the
 sink row when pos < S). In torch that is about a dozen operators a layer, most of a decode step's write time on the
 CPU; window_cpu.c does it in one call with the same float32 results bit for bit (the same butterfly order, the same
-separate roundings). Where the kernel cannot be built, `available()` is False and kv_store.write_exact keeps its
+separate roundings). Where the kernel cannot be built, `available()` is False and exact_window.write_exact keeps its
 torch path, logging why once. IGNIS_WINDOW_CPU_KERNEL=0 (or IGNIS_CPU_KERNELS=0) disables it.
 """
 from __future__ import annotations
@@ -38,8 +38,8 @@ def supports(k: torch.Tensor, v: torch.Tensor, signs: torch.Tensor, dst: torch.T
 def write_row(k: torch.Tensor, v: torch.Tensor, signs: torch.Tensor, mu: torch.Tensor | None, ring: torch.Tensor,
               sinks: torch.Tensor | None) -> None:
     """ring[κ, h] ← rotate(x_κ[h], signs[κ, h]) − mu[κ, h] for κ in (keys k, values v), and the same into `sinks`
-    when given: what kv_store.write_exact stores for one decode row, bit-identical to rotation.rotate and
-    kv_store._recenter in float32.
+    when given: what exact_window.write_exact stores for one decode row, bit-identical to rotation.rotate and
+    exact_window._recenter in float32.
 
     k, v: float32 [1, Hkv, d] (post-RoPE key, value). signs: float32 [2, Hkv, d] (the layer's ±1 sign vectors).
     mu: float32 [2, Hkv, d] with unit stride in d and heads d apart (the sequence's centre), or None (not centred).

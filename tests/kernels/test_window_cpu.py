@@ -1,6 +1,6 @@
 """The exact-window decode write on the CPU (ignis_kernels.kvq.window_cpu, window_cpu.c): one row's rotated,
 re-centred keys and values written into its ring slot and sink row, bit-identical to rotation.rotate and
-kv_store._recenter (the torch path); KVStore.write_exact taking it for one-row decode steps and giving every stored
+exact_window._recenter (the torch path); KVStore.write_exact taking it for one-row decode steps and giving every stored
 byte the torch path gives; its switch-off."""
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_write_row_is_the_torch_rotation_bit_for_bit(hkv, d):
         assert torch.equal(ring[:, 5], want)
         assert ring[:, :5].isnan().all() and ring[:, 6].isnan().all() and sinks.isnan().all()   # nothing else
         window_cpu.write_row(k, v, signs, mu, ring[:, 2], sinks[:, 1])
-        centred = (want - mu).to(torch.float32)                                  # kv_store._recenter's rounding
+        centred = (want - mu).to(torch.float32)                                  # exact_window._recenter's rounding
         assert torch.equal(ring[:, 2], centred) and torch.equal(sinks[:, 1], centred)
         assert sinks[:, 0].isnan().all() and sinks[:, 2].isnan().all()
 

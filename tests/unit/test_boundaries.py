@@ -10,9 +10,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Every control-plane module (DESIGN §3 marks them †). cache/kv_store.py, state_store.py, host_arena.py and
-# transfer.py are the tensor storage behind the pools and the copies between them (DESIGN §3 lists kv_store.py,
-# host_arena.py and transfer.py without †): they are the only cache modules left out.
+# Every control-plane module (DESIGN §3 marks them †). cache/kv_store.py (with exact_window.py, its exact-window
+# writes split out), state_store.py, host_arena.py and transfer.py are the tensor storage behind the pools and the
+# copies between them (DESIGN §3 lists kv_store.py, host_arena.py and transfer.py without †): they are the only
+# cache modules left out.
 CONTROL_PLANE = [
     "ignisd.scheduler", "ignisd.sequence", "ignisd.plan", "ignisd.traversal", "ignisd.request", "ignisd.vocab",
     "ignisd.buffers", "ignisd.config", "ignisd.config_keys", "ignisd.log", "ignisd.metrics", "ignisd.preflight",
@@ -29,7 +30,7 @@ CONTROL_PLANE = [
     "ignis_client.protocol", "ignis_client.divergence", "ignis_client.status_view",
     "ignisd.systemd", "ignisd.health", "ignisd.lifecycle", "ignisd.reload", "ignisd.progress", "ignisd.install_unit",
 ]
-STORAGE = {"kv_store.py", "state_store.py", "host_arena.py", "transfer.py"}
+STORAGE = {"kv_store.py", "exact_window.py", "state_store.py", "host_arena.py", "transfer.py"}
 
 
 def _package_of(path: Path) -> str:
