@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests")]
 
 from kvformat_eval import evaluate, license_text  # noqa: E402
-from kvformat_passkey import passkey_counts, trial_keys  # noqa: E402
+from kvformat_passkey import passkey_trials, trial_keys  # noqa: E402
 from kvq_baselines import BITS  # noqa: E402
 
 from ignis_kernels.attention import hq_backend  # noqa: E402
@@ -72,20 +72,29 @@ def quality(lm, tk, sizes, variants, policies, chunk):
 def passkey(lm, tk, sizes, trials, policy, depths=(0.1, 0.5, 0.9), formats=("fp32", "hq-e8-2b"),
             part: tuple[int, int] | None = None):
     """Passkey counts per (n, depth) for each format (tools/kvformat_passkey.py: shared prefix prefilled once and
-    forked per trial, retrieval scored by teacher forcing the answer). part: (lo, hi) runs only trials [lo, hi) of
-    the `trials` fixed keys (a slice of a long run; the slices' counts add up)."""
+    forked per trial, retrieval scored by teacher forcing the answer), with the answer margins (logits; min over the
+    answer tokens of answer − best other) of the trials: mean, standard deviation and smallest, and how many fall
+    under 0.5. part: (lo, hi) runs only trials [lo, hi) of the `trials` fixed keys (a slice of a long run; the
+    slices' counts add up). Ends with each format's total."""
     w, s = (int(x) for x in policy.split(":"))
     print(f"## passkey retrieval (5-digit key at 10/50/90 % depth, teacher-forced greedy answer), W:S {policy}")
+    print("   margin: logits, min over answer tokens of (answer − best other); mean ± sd, min, trials under 0.5")
     keys = trial_keys(trials)
     lo, hi = part or (0, trials)
     keys = keys[lo:hi]
+    total = {f: 0 for f in formats}
     for n in sizes:
         for depth in depths:
-            t0 = time.time()
-            hits = {f: passkey_counts(lm.model, lm.spec, tk, f, n, depth, keys, w, s) for f in formats}
-            print(f"{n:>5} tokens depth {depth:.0%} trials [{lo},{hi}): " +
-                  "  ".join(f"{f} {h}/{len(keys)}" for f, h in hits.items()) + f"  ({time.time() - t0:.0f} s)",
-                  flush=True)
+            for f in formats:
+                t0 = time.time()
+                res = passkey_trials(lm.model, lm.spec, tk, f, n, depth, keys, w, s)
+                hits, m = sum(h for h, _ in res), [x for _, x in res]
+                total[f] += hits
+                sd = statistics.pstdev(m) if len(m) > 1 else 0.0
+                print(f"{n:>5} tokens depth {depth:>4.0%} trials [{lo},{hi}) {f:<10} {hits:>3}/{len(keys)}  margin "
+                      f"{statistics.fmean(m):.2f} ± {sd:.2f}, min {min(m):+.2f}, {sum(x < 0.5 for x in m)} under 0.5"
+                      f"  ({time.time() - t0:.0f} s)", flush=True)
+    print("total: " + "  ".join(f"{f} {h}/{len(keys) * len(sizes) * len(depths)}" for f, h in total.items()))
 
 
 def _codec_rates():

@@ -96,17 +96,35 @@ def trial_logits(model, fork, lay: Layout, key: int) -> tuple[torch.Tensor, list
     return torch.cat((first, rest)), answer
 
 
-def passkey_counts(model, spec, tk, fmt: str, n: int, depth: float, keys: list[int], exact_window: int = 128,
-                   exact_sinks: int = 1) -> int:
-    """How many of `keys` are retrieved in format `fmt` (a kvformat_eval.make_store variant) from an n-token prompt
-    with the needle at `depth` (0..1 of the filler)."""
+def answer_margin(logits: torch.Tensor, answer: list[int]) -> float:
+    """The trial's retrieval margin: min over answer positions of (logit of the answer token − the largest other
+    logit), in logits. logits [len(answer), vocab] as trial_logits returns them. Positive when greedy decoding writes
+    the key (ties aside); its spread over trials shows how close a format's hits are to misses, which a count of 20
+    does not."""
+    a = torch.tensor(answer)
+    target = logits.gather(1, a[:, None])[:, 0]
+    other = logits.scatter(1, a[:, None], float("-inf")).amax(-1)
+    return float((target - other).min())
+
+
+def passkey_trials(model, spec, tk, fmt: str, n: int, depth: float, keys: list[int], exact_window: int = 128,
+                   exact_sinks: int = 1) -> list[tuple[bool, float]]:
+    """(retrieved, answer_margin) of each of `keys` in format `fmt` (a kvformat_eval.make_store variant) from an
+    n-token prompt with the needle at `depth` (0..1 of the filler); retrieved: the greedy argmax is every answer
+    token."""
     lay = Layout(tk, n, depth)
     fork = fork_prefix(model, spec, fmt, lay, exact_window, exact_sinks)
-    hits = 0
+    out = []
     for key in keys:
         logits, answer = trial_logits(model, fork, lay, key)
-        hits += logits.argmax(-1).tolist() == answer
-    return hits
+        out.append((logits.argmax(-1).tolist() == answer, answer_margin(logits, answer)))
+    return out
+
+
+def passkey_counts(model, spec, tk, fmt: str, n: int, depth: float, keys: list[int], exact_window: int = 128,
+                   exact_sinks: int = 1) -> int:
+    """How many of `keys` are retrieved (passkey_trials)."""
+    return sum(hit for hit, _ in passkey_trials(model, spec, tk, fmt, n, depth, keys, exact_window, exact_sinks))
 
 
 def trial_keys(trials: int, seed: int = 0) -> list[int]:
