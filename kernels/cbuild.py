@@ -1,10 +1,11 @@
-"""Build-on-first-use for the small C kernels of the CPU path (attention/hq_cpu.c, kvq/e8p_cpu.c), loaded through
-ctypes.
+"""Build-on-first-use for the small C kernels of the CPU path (attention/hq_cpu.c, kvq/e8p_cpu.c, kvq/window_cpu.c),
+loaded through ctypes.
 
 A kernel's C file is compiled with the system C compiler (`$CC`, else `cc`; -O3 -march=native -fopenmp, about a
 second) into the kernel cache ($IGNIS_KERNEL_CACHE, else $XDG_CACHE_HOME/ignis/kernels, else ~/.cache/ignis/kernels;
-a temporary directory when none is writable), named by a hash of the source, the compiler's version, the flags and
-the CPU's flags, and written under a temporary name then renamed, so concurrent daemons share one build. The library
+a temporary directory when none is writable), named by a hash of the source and of the local headers it includes
+(`#include "..."`, followed from header to header: kernels/fwht_cpu.h), the compiler's version, the flags and the
+CPU's flags, and written under a temporary name then renamed, so concurrent daemons share one build. The library
 links libgomp by its soname, so it binds to the libgomp torch has already loaded (one OpenMP runtime: a second one
 would double every parallel region's wake-up cost). Where no compiler works, `Kernel.library()` is None, the
 reason is logged once, and the caller keeps its torch path. IGNIS_CPU_KERNELS=0 disables every kernel.
@@ -15,6 +16,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import subprocess
 import tempfile
 import threading
@@ -43,11 +45,29 @@ def _cpu_flags() -> str:
     return os.uname().machine
 
 
+_LOCAL_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
+
+
+def sources(source: Path) -> list[Path]:
+    """`source` and every local header it includes (`#include "name"`, resolved from the including file's folder, as
+    the compiler resolves it; followed recursively, each once), in the order met. A kernel's build is keyed on all
+    of their bytes, so an edited header rebuilds every kernel that includes it. Raises OSError for a missing file."""
+    seen: list[Path] = []
+    todo = [source.resolve()]
+    while todo:
+        p = todo.pop(0)
+        if p in seen:
+            continue
+        seen.append(p)
+        todo += [(p.parent / m.decode()).resolve() for m in _LOCAL_INCLUDE.findall(p.read_bytes())]
+    return seen
+
+
 def build(source: Path) -> ctypes.CDLL:
     """Compile `source` (or find its build in the cache) and load it. Raises OSError (no writable cache directory,
     the library does not load) or subprocess.CalledProcessError (the compiler is missing or fails)."""
     cc = os.environ.get("CC", "cc")
-    src = source.read_bytes()
+    src = b"".join(p.read_bytes() for p in sources(source))
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256(src + ver.encode() + " ".join(FLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
     for d in (cache_dir(), Path(tempfile.gettempdir()) / f"ignis-kernels-{os.getuid()}"):

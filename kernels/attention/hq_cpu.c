@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../fwht_cpu.h"
+
 #define MAX_G 16
 #define MAX_D 256
 #define CHUNK 256
@@ -102,16 +104,6 @@ static inline v8f word8(const int64_t *words, int16_t code) {
 
 static inline float hsum(v8f v) {
     return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-}
-
-static void fwht(float *x, int d) {
-    for (int len = 1; len < d; len <<= 1)
-        for (int i = 0; i < d; i += len << 1)
-            for (int j = i; j < i + len; j++) {
-                float a = x[j], b = x[j + len];
-                x[j] = a + b;
-                x[j + len] = a - b;
-            }
 }
 
 typedef struct {
@@ -309,7 +301,7 @@ int hq_decode(const float *q, const float *signs, float tau, float vc, int bsz, 
         const float *src = q + (int64_t)r * d, *sk = signs + (int64_t)h * d;
         float *dst = qs + (int64_t)r * d, n2 = 0.f;
         for (int e = 0; e < d; e++) { dst[e] = src[e] * sk[e]; n2 += src[e] * src[e]; }
-        fwht(dst, d);
+        fwht_stages(dst, d);
         for (int e = 0; e < d; e++) dst[e] *= tau * inv;
         cq[r] = 0.5f * vc * tau * tau * n2 / (float)d;
     }
@@ -367,7 +359,7 @@ int hq_decode(const float *q, const float *signs, float tau, float vc, int bsz, 
                 const float *mu = center_v + ((int64_t)b * hkv + h) * d;
                 for (int e = 0; e < d; e++) o[e] += L * mu[e];
             }
-            fwht(o, d);
+            fwht_stages(o, d);
             for (int e = 0; e < d; e++) o[e] *= f * sv[e];
         }
         i0 = i1;

@@ -11,18 +11,14 @@
  */
 #include <stdint.h>
 
+#include "../fwht_cpu.h"
+
 #define MAX_D 1024
 
 __attribute__((optimize("fp-contract=off")))
 static void rotate_row(const float *x, const float *s, int d, float inv, const float *mu, float *u) {
     for (int e = 0; e < d; e++) u[e] = x[e] * s[e];
-    for (int len = 1; len < d; len <<= 1)
-        for (int i = 0; i < d; i += len << 1)
-            for (int j = i; j < i + len; j++) {
-                float a = u[j], b = u[j + len];
-                u[j] = a + b;
-                u[j + len] = a - b;
-            }
+    fwht_stages(u, d);
     for (int e = 0; e < d; e++) u[e] = u[e] * inv;
     if (mu)
         for (int e = 0; e < d; e++) u[e] = u[e] - mu[e];

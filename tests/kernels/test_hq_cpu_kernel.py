@@ -187,3 +187,24 @@ def test_a_build_lands_in_the_cache_once(tmp_path):
     assert "backend cpu" in r.stdout
     assert sorted(p.name for p in cache.iterdir()) == built
     assert [(cache / b).stat().st_mtime_ns for b in built] == mtimes
+
+
+def test_an_edited_header_rebuilds_the_kernels_that_include_it(tmp_path, monkeypatch):
+    from ignis_kernels import cbuild
+    monkeypatch.setenv("IGNIS_KERNEL_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "src").mkdir()
+    head = tmp_path / "inc" / "value.h"
+    (tmp_path / "inc" / "twice.h").write_text('#pragma once\n#include "value.h"\n'
+                                           'static inline int twice(void) { return 2 * VALUE; }\n')
+    src = tmp_path / "src" / "probe.c"
+    src.write_text('#include "../inc/twice.h"\n#include "../inc/twice.h"\nint probe(void) { return twice(); }\n')
+    head.write_text("#define VALUE 21\n")
+    assert cbuild.sources(src) == [src.resolve(), (tmp_path / "inc" / "twice.h").resolve(), head.resolve()]
+    assert cbuild.build(src).probe() == 42
+    head.write_text("#define VALUE 50\n")                 # only the header changes: a new build, not the cached one
+    assert cbuild.build(src).probe() == 100
+    assert len(list((tmp_path / "cache").glob("probe-*.so"))) == 2
+    head.unlink()
+    with pytest.raises(OSError):
+        cbuild.sources(src)
