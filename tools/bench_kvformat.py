@@ -7,6 +7,7 @@
     python tools/bench_kvformat.py --passkey 8192 --passkey-depths 0.1 --passkey-formats hq-e8-2b --passkey-trials 0:10
     python tools/bench_kvformat.py --cost --cost-contexts 1024,4096   # capacity, codec MB/s, daemon tok/s
     python tools/bench_kvformat.py --hybrid                           # the same KL on the tiny random Qwen3.5
+    python tools/bench_kvformat.py --passkey 4096 --passkey-formats hq-e8-2b --format-seed 1234567890abcdef  # research
 
 Quality: teacher-forced next-token KL(p_fp32 ‖ p_fmt) and top-1 agreement on SmolLM2-135M-Instruct over real prose
 (Debian's common-licenses: GPL-3, then GPL-2 and others joined for longer contexts), overall and by context-position
@@ -35,11 +36,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests")]
 
-from kvformat_eval import evaluate, license_text  # noqa: E402
+from kvformat_eval import evaluate, format_seed, license_text, parse_format_seed  # noqa: E402
 from kvformat_passkey import passkey_trials, trial_keys  # noqa: E402
 from kvq_baselines import BITS  # noqa: E402
 
 from ignis_kernels.attention import hq_backend  # noqa: E402
+from ignis_kernels.kvq import FORMAT_SEED  # noqa: E402
 from ignisd.cache.kv_format import get_kv_format  # noqa: E402
 
 
@@ -183,8 +185,24 @@ def main() -> None:
     ap.add_argument("--cost-rounds", type=int, default=2, help="daemons per format and context (median)")
     ap.add_argument("--hybrid", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--format-seed", default="", metavar="HEX",
+                    help="research: another hq-e8-2b rotation seed (HQ_E8_2B.md §2.1) for the in-process --sizes, "
+                         "--passkey and --hybrid runs (not --cost's daemons), to measure how figures move with the "
+                         "draw of the rotation")
     a = ap.parse_args()
+    try:
+        seed = parse_format_seed(a.format_seed) if a.format_seed else None
+    except ValueError as e:
+        ap.error(str(e))
+    with format_seed(seed) as in_effect:
+        _run(a, in_effect)
+
+
+def _run(a: argparse.Namespace, seed: int) -> None:
+    """The runs `a` asks for, with hq-e8-2b's rotation seed `seed` in effect."""
     torch.set_num_threads(a.threads)
+    mark = " (the format's: FORMAT_SEED)" if seed == FORMAT_SEED else " (research: not the format's)"
+    print(f"## hq-e8-2b rotation seed {seed:#018x}{mark}")
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     need = a.sizes or a.passkey or a.cost
     lm, tk = _load_smollm() if need else (None, None)

@@ -15,10 +15,13 @@ keys, "+c0" none; a last "@vc<α>" the variance correction's strength (HQFormat.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
+from ignis_kernels.kvq import rotation
 from ignisd.cache.kv_format import get_kv_format
 from ignisd.cache.kv_store import KVStore
 from ignisd.cache.state_store import StateStore
@@ -28,6 +31,33 @@ from kvq_baselines import QUANTIZERS, sim_format
 
 LICENSES = Path("/usr/share/common-licenses")
 BUCKETS = (0, 256, 1024, 2048, 4096, 8192, 1 << 30)
+
+
+def parse_format_seed(text: str) -> int:
+    """The rotation seed of a `--format-seed` flag: hexadecimal, "0x" optional, 0 to 2^64 - 1 (HQ_E8_2B.md §2.1).
+    Raises ValueError naming the flag and the limit."""
+    t = text.strip().lower().removeprefix("0x")
+    try:
+        seed = int(t, 16)
+    except ValueError:
+        raise ValueError(f"--format-seed: a hexadecimal number, got {text!r}") from None
+    if not 0 <= seed < 1 << 64:
+        raise ValueError(f"--format-seed: must be below 2^64 (16 hex digits), got {text!r}")
+    return seed
+
+
+@contextmanager
+def format_seed(seed: int | None) -> Iterator[int]:
+    """Research only: within the block, KV stores built with hq-e8-2b draw their sign vectors (§2.1) from `seed`
+    instead of the format's FORMAT_SEED; None keeps the format's. Yields the seed in effect and restores the format's
+    on exit. The cache stamp still names the format's seed: never serve or persist a cache built inside the block."""
+    saved = rotation.FORMAT_SEED
+    if seed is not None:
+        rotation.FORMAT_SEED = seed
+    try:
+        yield rotation.FORMAT_SEED
+    finally:
+        rotation.FORMAT_SEED = saved
 
 
 def license_text(tokens_wanted: int, tokenizer) -> list[int]:
