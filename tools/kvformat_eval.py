@@ -36,9 +36,8 @@ BUCKETS = (0, 256, 1024, 2048, 4096, 8192, 1 << 30)
 def parse_format_seed(text: str) -> int:
     """The rotation seed of a `--format-seed` flag: hexadecimal, "0x" optional, 0 to 2^64 - 1 (HQ_E8_2B.md §2.1).
     Raises ValueError naming the flag and the limit."""
-    t = text.strip().lower().removeprefix("0x")
     try:
-        seed = int(t, 16)
+        seed = int(text, 16)                      # int() itself takes the "0x", either case and outer blanks
     except ValueError:
         raise ValueError(f"--format-seed: a hexadecimal number, got {text!r}") from None
     if not 0 <= seed < 1 << 64:
