@@ -41,7 +41,7 @@ from kvformat_passkey import passkey_trials, trial_keys  # noqa: E402
 from kvq_baselines import BITS  # noqa: E402
 
 from ignis_kernels.attention import hq_backend  # noqa: E402
-from ignis_kernels.kvq import FORMAT_SEED  # noqa: E402
+from ignis_kernels.hq_seed import SHIPPED_SEED  # noqa: E402
 from ignisd.cache.kv_format import get_kv_format  # noqa: E402
 
 
@@ -201,7 +201,7 @@ def main() -> None:
 def _run(a: argparse.Namespace, seed: int) -> None:
     """The runs `a` asks for, with hq-e8-2b's rotation seed `seed` in effect."""
     torch.set_num_threads(a.threads)
-    mark = " (the format's: FORMAT_SEED)" if seed == FORMAT_SEED else " (research: not the format's)"
+    mark = " (the format's)" if seed == SHIPPED_SEED else " (research: not the format's)"
     print(f"## hq-e8-2b rotation seed {seed:#018x}{mark}")
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     need = a.sizes or a.passkey or a.cost

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ignis_kernels.kvq import rotation
+from ignis_kernels import hq_seed
 from ignisd.cache.kv_format import get_kv_format
 from ignisd.cache.kv_store import KVStore
 from ignisd.cache.state_store import StateStore
@@ -49,14 +49,15 @@ def parse_format_seed(text: str) -> int:
 def format_seed(seed: int | None) -> Iterator[int]:
     """Research only: within the block, KV stores built with hq-e8-2b draw their sign vectors (§2.1) from `seed`
     instead of the format's FORMAT_SEED; None keeps the format's. Yields the seed in effect and restores the format's
-    on exit. The cache stamp still names the format's seed: never serve or persist a cache built inside the block."""
-    saved = rotation.FORMAT_SEED
+    on exit. A cache built inside the block carries the seed in its stamp (hq_seed.stamp_part), so a daemon of the
+    format's seed refuses it."""
+    saved = hq_seed.FORMAT_SEED
     if seed is not None:
-        rotation.FORMAT_SEED = seed
+        hq_seed.FORMAT_SEED = seed
     try:
-        yield rotation.FORMAT_SEED
+        yield hq_seed.FORMAT_SEED
     finally:
-        rotation.FORMAT_SEED = saved
+        hq_seed.FORMAT_SEED = saved
 
 
 def license_text(tokens_wanted: int, tokenizer) -> list[int]:

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from ignis_kernels import hq_seed
 from ignisd.buffers import BufferSpec, total_bytes
 
 
@@ -239,7 +240,7 @@ class HQFormat(KVFormat):
         and pages."""
         c = {"": "", "k": "/ckr", "kv": "/cr"}[self.centering]
         return (f"{self.name}/w{self.exact_window_pages}/s{self.exact_sinks}{c}/pc/{self.exact_dtype}"
-                f"/seed6871653832620001")
+                f"/{hq_seed.stamp_part()}")
 
 
 KV_FORMATS: dict[str, KVFormat] = {

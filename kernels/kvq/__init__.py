@@ -17,10 +17,10 @@ import os
 import torch
 
 from ignis_kernels.kvq import reference
-from ignis_kernels.kvq.rotation import FORMAT_SEED, layer_signs, rotate, sign_vector, unrotate
+from ignis_kernels.kvq.rotation import layer_signs, rotate, sign_vector, unrotate
 
 __all__ = ["encode_rotated", "decode_rotated", "codewords", "rotate", "unrotate", "sign_vector", "layer_signs",
-           "FORMAT_SEED", "backend", "encode_kernel", "window_kernel"]
+           "backend", "encode_kernel", "window_kernel"]
 
 decode_rotated = reference.decode_rotated
 codewords = reference.codewords

@@ -17,8 +17,7 @@ from functools import lru_cache
 
 import torch
 
-FORMAT_SEED = 0x6871653832620001
-"""The format's seed (§2.1); recorded with every persisted or transferred cache (two seeds: incompatible caches)."""
+from ignis_kernels import hq_seed
 _M64 = (1 << 64) - 1
 KIND_K, KIND_V = 0, 1
 
@@ -38,8 +37,9 @@ def splitmix64_signs(seed: int, n: int) -> list[int]:
 
 
 def sign_seed(layer: int, head: int, kind: int) -> int:
-    """The splitmix64 seed of (layer ℓ, KV head h, kind κ): FORMAT_SEED XOR ((ℓ << 16) | (h << 8) | κ)."""
-    return FORMAT_SEED ^ ((layer << 16) | (head << 8) | kind)
+    """The splitmix64 seed of (layer ℓ, KV head h, kind κ): FORMAT_SEED XOR ((ℓ << 16) | (h << 8) | κ), with the
+    seed in effect read from ignis_kernels.hq_seed at each call."""
+    return hq_seed.FORMAT_SEED ^ ((layer << 16) | (head << 8) | kind)
 
 
 def sign_vector(layer: int, head: int, kind: int, dim: int) -> torch.Tensor:

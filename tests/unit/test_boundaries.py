@@ -30,6 +30,9 @@ CONTROL_PLANE = [
     "ignis_client.protocol", "ignis_client.divergence", "ignis_client.status_view",
     "ignisd.systemd", "ignisd.health", "ignisd.lifecycle", "ignisd.reload", "ignisd.progress", "ignisd.install_unit",
 ]
+# The one kernels module the control plane may read: the hq-e8-2b seed, a constant that both the rotation and the
+# cache stamp (cache/kv_format.py) name, in a module that imports nothing.
+KERNEL_CONSTANTS = ["ignis_kernels", "ignis_kernels.hq_seed"]
 STORAGE = {"kv_store.py", "exact_window.py", "state_store.py", "host_arena.py", "transfer.py"}
 
 
@@ -64,15 +67,23 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_control_plane_imports_without_torch():
     code = ("import sys\n"
+            f"KERNEL_CONSTANTS = {KERNEL_CONSTANTS!r}\n"
             "sys.modules['torch'] = None\n"
             f"import importlib\nfor m in {CONTROL_PLANE!r}:\n    importlib.import_module(m)\n"
             "bad = [m for m in sys.modules if m.startswith('torch') and sys.modules[m] is not None]\n"
             "assert not bad, bad\n"
-            "assert 'ignisd.model' not in sys.modules and 'ignis_kernels' not in sys.modules\n"
+            "kern = sorted(m for m in sys.modules if m.startswith('ignis_kernels'))\n"
+            "assert 'ignisd.model' not in sys.modules and kern in ([], KERNEL_CONSTANTS), kern\n"
             "print('ok', len(" + repr(CONTROL_PLANE) + "))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["ok", str(len(CONTROL_PLANE))]
+
+
+def test_the_kernel_constants_the_control_plane_reads_import_nothing():
+    path = ROOT / "kernels" / "hq_seed.py"
+    assert _imports(path) <= {"__future__", "__future__.annotations"}
+    assert (ROOT / "kernels" / "__init__.py").read_text().strip() == ""
 
 
 def test_every_cache_module_but_the_storage_is_in_the_torch_free_list():

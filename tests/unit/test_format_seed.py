@@ -10,7 +10,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from kvformat_eval import format_seed, parse_format_seed  # noqa: E402
 
+from ignis_kernels import hq_seed  # noqa: E402
 from ignis_kernels.kvq import rotation  # noqa: E402
+from ignisd.cache.kv_format import get_kv_format  # noqa: E402
 
 M64 = (1 << 64) - 1
 
@@ -42,7 +44,7 @@ def test_bad_seed_names_the_flag_and_the_limit(text, words):
 
 
 def test_signs_follow_the_seed_and_come_back():
-    shipped = rotation.FORMAT_SEED
+    shipped = hq_seed.FORMAT_SEED
     assert shipped == 0x6871653832620001
     other = 0x1234567890ABCDEF
     with format_seed(other) as s:
@@ -52,14 +54,26 @@ def test_signs_follow_the_seed_and_come_back():
             for h in range(2):
                 assert got[kind, h].tolist() == _spec_signs(other, 3, h, kind, 64)
         assert got.tolist() != [[_spec_signs(shipped, 3, h, k, 64) for h in range(2)] for k in (0, 1)]
-    assert rotation.FORMAT_SEED == shipped
+    assert hq_seed.FORMAT_SEED == shipped
     assert rotation.layer_signs(3, 1, 64)[0, 0].tolist() == _spec_signs(shipped, 3, 0, 0, 64)
 
 
 def test_none_keeps_the_format_seed_and_errors_restore():
     with format_seed(None) as s:
-        assert s == rotation.FORMAT_SEED == 0x6871653832620001
+        assert s == hq_seed.FORMAT_SEED == 0x6871653832620001
     with pytest.raises(RuntimeError), format_seed(5):
-        assert rotation.FORMAT_SEED == 5
+        assert hq_seed.FORMAT_SEED == 5
         raise RuntimeError("boom")
-    assert rotation.FORMAT_SEED == 0x6871653832620001
+    assert hq_seed.FORMAT_SEED == hq_seed.SHIPPED_SEED == 0x6871653832620001
+
+
+def test_the_stamp_names_the_seed_in_effect():
+    """One seed, two readers: the sign vectors and the stamp that persisted state carries (§2.1: two seeds are two
+    incompatible caches), so a cache built under a research seed is refused by a daemon of the format's seed."""
+    fmt = get_kv_format("hq-e8-2b")
+    assert fmt.stamp.endswith("/seed6871653832620001")
+    with format_seed(0x00000000000000FF):
+        research = fmt.stamp
+        assert rotation.sign_seed(0, 0, 0) == 0xFF
+    assert research.endswith("/seed00000000000000ff")
+    assert research.rsplit("/", 1)[0] == fmt.stamp.rsplit("/", 1)[0] and research != fmt.stamp
