@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
+# pytest-xdist: one worker a core, at most 4, each test module on one worker (its module fixtures built once);
+# WORKERS="-n 0" runs the suite in this process.
+WORKERS ?= -n auto --maxprocesses=4 --dist loadscope
 
 .PHONY: install serve test test-fast lint bench clean
 
@@ -23,13 +26,13 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider $(ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider $(WORKERS) $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 test-fast: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not smollm" $(ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not smollm" $(WORKERS) $(ARGS)
 
 bench: $(STAMP)
 	$(PY) tools/bench_serve.py $(ARGS)

@@ -179,6 +179,12 @@ def test_monitor_pool_bar_shows_a_running_request(daemon, chromium, api):
     w = running["bar_width"] / 64
     assert abs(running["live_width"] - w * running["live"]) <= 2
     assert abs(running["retained_width"] - w * (64 - running["free"] - running["live"])) <= 2
+    # a running request's row (its id is 36 characters with no break) still fits a narrow window
+    page.locator("#requests tbody tr").first.wait_for(timeout=10_000)
+    page.set_viewport_size({"width": 480, "height": 900})
+    assert page.locator("#requests tbody tr").count() >= 1
+    assert page.evaluate("document.documentElement.scrollWidth") <= 480
+    page.set_viewport_size({"width": 1280, "height": 800})
 
     page.locator("#log li.msg.assistant dl.stats").wait_for(timeout=120_000)
     after = B.wait_pool(page, "v.live === 0")
