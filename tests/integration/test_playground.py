@@ -59,6 +59,18 @@ def open_chat(chromium, daemon, system: str, max_tokens: int, query: str = ""):
     return page
 
 
+def narrow_page_width(page, check) -> int:
+    """The page's scroll width (CSS px) in a 480-px-wide window, after asserting check() there; the window's size is
+    put back."""
+    size = page.viewport_size
+    page.set_viewport_size({"width": 480, "height": 900})
+    try:
+        assert check()
+        return page.evaluate("document.documentElement.scrollWidth")
+    finally:
+        page.set_viewport_size(size)
+
+
 def test_chat_streams_replies_with_their_cached_tokens(daemon, chromium, api):
     page = open_chat(chromium, daemon, SYS_CHAT, 8)
     system = {"role": "system", "content": SYS_CHAT}
@@ -136,6 +148,9 @@ def test_fingerprint_turns_amber_at_the_edited_character(daemon, chromium, api):
     assert f"character {at} in message 0 (system)" in fp["divergence"]
     assert page.eval_on_selector("#fp-summary", "e => getComputedStyle(e).color") == AMBER_LIGHT
     assert page.locator("#fp-theirs").inner_text() == want["diverged_at"]["theirs"].replace("\n", "\u21b5")
+    # the excerpt's lines are wider than a narrow window: they scroll inside their box, the page does not
+    wider = "(e => e.scrollWidth > e.clientWidth)(document.getElementById('fp-excerpt'))"
+    assert narrow_page_width(page, lambda: page.evaluate(wider)) <= 480
 
     B.set_system(page, SYS_FP)                        # undone: it resumes again
     assert int(shown(total, "hit")["cached"]) > 0
@@ -181,10 +196,7 @@ def test_monitor_pool_bar_shows_a_running_request(daemon, chromium, api):
     assert abs(running["retained_width"] - w * (64 - running["free"] - running["live"])) <= 2
     # a running request's row (its id is 36 characters with no break) still fits a narrow window
     page.locator("#requests tbody tr").first.wait_for(timeout=10_000)
-    page.set_viewport_size({"width": 480, "height": 900})
-    assert page.locator("#requests tbody tr").count() >= 1
-    assert page.evaluate("document.documentElement.scrollWidth") <= 480
-    page.set_viewport_size({"width": 1280, "height": 800})
+    assert narrow_page_width(page, lambda: page.locator("#requests tbody tr").count() >= 1) <= 480
 
     page.locator("#log li.msg.assistant dl.stats").wait_for(timeout=120_000)
     after = B.wait_pool(page, "v.live === 0")
