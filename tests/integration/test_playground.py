@@ -218,6 +218,10 @@ def test_stop_cancels_the_running_request(daemon, chromium):
     page.fill("#input", "Count slowly.")
     page.click("#send")
     B.wait_pool(page, "v.live > 0")
+    # the reply's id comes with its first streamed token: stop once tokens flow (a stop during the prefill cancels
+    # too, but the page then never learns which request it was)
+    page.wait_for_function("() => { const b = [...document.querySelectorAll('#log li.msg.assistant .body')].pop();"
+                           " return b && b.textContent.length > 0; }", timeout=30_000)
     page.click("#stop")
     reply = page.locator("#log li.msg.assistant").last
     reply.locator("[data-k=finish] dd", has_text="stopped").wait_for(timeout=30_000)
