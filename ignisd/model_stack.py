@@ -32,7 +32,8 @@ from ignisd.engine import Engine
 from ignisd.log import get_logger
 from ignisd.model.loader import ModelSource, load_model, open_model
 from ignisd.model.layers import rope_stable_dims
-from ignisd.preflight import (StartupError, check_arena, check_formats, choose_kv_format, context_tokens,
+from ignisd.preflight import (StartupError, check_arena, check_exact_window, check_formats, check_state_memory,
+                              choose_kv_format, context_tokens, state_slot_counts,
                               mem_available_bytes, plan_pool_pages, read_api_key)
 from ignisd.request import DoneEvent, ErrorEvent, Request, SamplingParams
 from ignisd.runner import Runner
@@ -40,6 +41,7 @@ from ignisd.scheduler import Scheduler
 from ignisd.text.chat_template import ChatTemplate
 from ignisd.text.tokenizer import Tokenizer
 from ignisd.tier_setup import build_tiers, index_disk, measure_prefill
+from ignisd.buffers import total_bytes
 from ignisd.vocab import PAGE_TOKENS
 
 log = get_logger("model")
@@ -86,8 +88,12 @@ def preflight(cfg: Config) -> LoadPlan:
     kv_format, kv_why = choose_kv_format(cfg, source.spec.head_dim)      # the default needs the head_dim
     fmt = get_kv_format(kv_format, cfg.kv.exact_window, cfg.kv.exact_sinks)
     context = context_tokens(cfg, source.spec.context_tokens)
+    check_exact_window(cfg, kv_format, context)
     mem = mem_available_bytes()
-    pages = plan_pool_pages(cfg, fmt.bytes_per_token(source.spec), context, mem)
+    per_token = fmt.bytes_per_token(source.spec)
+    pages = plan_pool_pages(cfg, per_token, context, mem)
+    check_state_memory(cfg, total_bytes(source.spec.state_buffers() + fmt.seq_state_buffers(source.spec)),
+                       pages * PAGE_TOKENS * per_token, mem)
     check_arena(cfg, mem)
     return LoadPlan(cfg, api_key, kv_format, source, context, pages, kv_why)
 
@@ -132,7 +138,7 @@ class ModelStack:
         state_buffers = spec.state_buffers() + fmt.seq_state_buffers(spec)
         pool = PagePool(pages, PAGE_TOKENS)
         self.states, slots, state_bytes = None, None, 0
-        lanes = cfg.server.lanes
+        lanes, dev_n, host_n = state_slot_counts(cfg)
         if state_buffers:   # the model's (GDN recurrent + conv) and the format's per-sequence state: a slot per lane
             self.states = StateStore(state_buffers, lanes)
             slots = StateSlots(lanes)
@@ -140,8 +146,7 @@ class ModelStack:
         retained, retained_states, retained_bytes = None, {}, 0
         rc = cfg.reuse
         if rc.prompt:   # retained slots reserved at load (DESIGN §4.4); on this CPU both pools are host memory
-            dev_n = rc.device_slots if state_buffers else 0
-            host_n = rc.host_slots_per_lane * lanes if state_buffers else 0
+            dev_n, host_n = (dev_n, host_n) if state_buffers else (0, 0)
             if state_buffers:
                 retained_states = {"device": StateStore(state_buffers, dev_n),
                                    "host": StateStore(state_buffers, host_n)}

@@ -87,6 +87,43 @@ def context_tokens(cfg: Config, model_context: int) -> int:
     return want
 
 
+def check_exact_window(cfg: Config, kv_format: str, context: int) -> None:
+    """Refuse (exit 2) an hq-e8-2b kv.exact_window or kv.exact_sinks of more tokens than the context (`context`,
+    tokens): the window and sinks are kept exact in every state slot (HQ_E8_2B.md §4.3), so a window past the
+    context only costs memory, and a large one would ask for more than the machine has. Other formats keep no
+    window: the keys are not read."""
+    if kv_format != "hq-e8-2b":
+        return
+    for key, n in (("kv.exact_window", cfg.kv.exact_window), ("kv.exact_sinks", cfg.kv.exact_sinks)):
+        if n is not None and n > context:
+            raise StartupError(f"{key} = {n} tokens is more than the context of {context} tokens; at most {context}",
+                               exit_code=2)
+
+
+def state_slot_counts(cfg: Config) -> tuple[int, int, int]:
+    """Per-sequence state slots a model with state reserves at load (DESIGN §4.4): (live slots, one a lane;
+    retained device slots, reuse.device_slots; retained host slots, reuse.host_slots_per_lane × lanes), the
+    retained ones 0 with reuse.prompt off."""
+    lanes, rc = cfg.server.lanes, cfg.reuse
+    if not rc.prompt:
+        return lanes, 0, 0
+    return lanes, rc.device_slots, rc.host_slots_per_lane * lanes
+
+
+def check_state_memory(cfg: Config, slot_bytes: int, pool_bytes: int, mem_available: int) -> None:
+    """Refuse (exit 2) state slots (`slot_bytes` bytes each: recurrent and conv state, the hq-e8-2b exact window and
+    sinks) that, with the KV pool's `pool_bytes`, do not fit in `mem_available` bytes, naming the keys that size
+    them. No-op for a model and format with no per-sequence state (slot_bytes 0)."""
+    live, dev, host = state_slot_counts(cfg)
+    want = slot_bytes * (live + dev + host)
+    if slot_bytes and want + pool_bytes > mem_available:
+        raise StartupError(f"the per-sequence state of {live + dev + host} slots ({live} server.lanes, {dev} "
+                           f"reuse.device_slots, {host} from reuse.host_slots_per_lane) of {slot_bytes} bytes each is "
+                           f"{want} bytes; with the KV pool's {pool_bytes} bytes that is more than the available "
+                           f"memory ({mem_available} bytes, MemAvailable); lower kv.exact_window (hq-e8-2b), "
+                           f"server.lanes or the retained slots", exit_code=2)
+
+
 def plan_pool_pages(cfg: Config, bytes_per_token: int, context: int, mem_available: int) -> int:
     """KV pool pages (DESIGN §4.1): vram.kv_pool_bytes in bytes (whole pages, rounded down) or in tokens (whole
     pages, rounded down), else lanes × context tokens capped at half of `mem_available` bytes.

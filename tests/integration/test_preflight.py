@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from ignisd.config import Config, Size, VramConfig, ServerConfig
-from ignisd.preflight import StartupError, plan_pool_pages
+from ignisd.config import Config, KvConfig, ReuseConfig, Size, VramConfig, ServerConfig
+from ignisd.preflight import StartupError, check_exact_window, check_state_memory, plan_pool_pages, state_slot_counts
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,11 @@ def test_the_broken_model_really_fails_to_load(broken_weights_dir, tmp_path):
     (["--model-weight-format", "int4"], "model.weight_format: invalid value 'int4'"),
     (["--reuse-kv-host-pool-bytes", "64T"], "reuse.kv_host_pool_bytes = 70368744177664 bytes does not fit in the "
                                             "available memory ("),
+    (["--model-kv-format", "hq-e8-2b", "--model-context-tokens", "512", "--kv-exact-window", "513"],
+     "kv.exact_window = 513 tokens is more than the context of 512 tokens; at most 512"),
+    (["--model-kv-format", "hq-e8-2b", "--kv-exact-window", "1000000"], "kv.exact_window = 1000000 tokens is more "),
+    (["--model-kv-format", "hq-e8-2b", "--model-context-tokens", "512", "--kv-exact-sinks", "600"],
+     "kv.exact_sinks = 600 tokens is more than the context of 512 tokens"),
 ])
 def test_refused_before_the_weights_load(broken_weights_dir, tmp_path, args, needle):
     r = _serve(tmp_path, "--model", str(broken_weights_dir), *args)
@@ -93,3 +98,28 @@ def test_the_default_pool_is_lanes_times_context_capped_at_half_the_memory():
     with pytest.raises(StartupError) as e:
         plan_pool_pages(_cfg(None), 1000, 4096, 64_000)
     assert e.value.exit_code == 2 and "half of the available memory" in str(e.value)
+
+
+def test_the_window_may_fill_the_context_and_other_formats_ignore_it():
+    cfg = Config(kv=KvConfig(exact_window=512, exact_sinks=512))
+    check_exact_window(cfg, "hq-e8-2b", 512)                 # as long as the context: allowed
+    big = Config(kv=KvConfig(exact_window=10**6))
+    check_exact_window(big, "fp32", 512)                     # dense formats keep no window
+    with pytest.raises(StartupError) as e:
+        check_exact_window(big, "hq-e8-2b", 512)
+    assert e.value.exit_code == 2 and "kv.exact_window = 1000000 tokens" in str(e.value)
+
+
+def test_state_slots_and_their_memory():
+    # 2 lanes, 3 device slots, 2 host slots a lane: 2 + 3 + 4 = 9 slots; with reuse off only the lanes' 2
+    cfg = Config(server=ServerConfig(lanes=2), reuse=ReuseConfig(device_slots=3, host_slots_per_lane=2))
+    assert state_slot_counts(cfg) == (2, 3, 4)
+    off = Config(server=ServerConfig(lanes=2), reuse=ReuseConfig(prompt=False, device_slots=3, host_slots_per_lane=2))
+    assert state_slot_counts(off) == (2, 0, 0)
+    check_state_memory(cfg, 1000, 1000, 10_000)              # 9 × 1,000 + 1,000 = 10,000 bytes: fits exactly
+    check_state_memory(cfg, 0, 10**12, 10)                   # no state: nothing to check (the pool has its own)
+    with pytest.raises(StartupError) as e:
+        check_state_memory(cfg, 1000, 1001, 10_000)
+    msg = str(e.value)
+    assert e.value.exit_code == 2 and "9 slots" in msg and "9000 bytes" in msg and "1001 bytes" in msg, msg
+    assert "kv.exact_window" in msg and "server.lanes" in msg
