@@ -316,6 +316,9 @@ def _parse_completion(rid: str, obj: dict, api_key: str | None) -> CompletionOp:
         if not prompt:
             raise _bad("prompt", "must not be empty")
     elif isinstance(prompt, list):
+        if prompt and isinstance(prompt[0], (str, list)):     # OpenAI's batch forms: several prompts in one request
+            raise _bad("prompt", f"a list of prompts (a batch of {len(prompt)}) is not served: send one prompt a "
+                                 "request, a string or a list of token ids")
         _token_ids(prompt, "prompt", non_empty=True)
     else:
         raise _bad("prompt", "required: a non-empty string or a non-empty list of token ids"

@@ -101,26 +101,36 @@ def _json_type(v: Any) -> str:
 
 # ---------------------------------------------------------------- field checkers
 
+def _shown(v: Any, limit: int = 80) -> str:
+    """`v` as JSON spells it (true, null, "text"), cut to `limit` characters with "…": the value a client sent,
+    in its own language. Python's repr where JSON has no spelling (a non-finite float from a Python caller)."""
+    try:
+        text = orjson.dumps(v).decode() if not (isinstance(v, float) and not math.isfinite(v)) else repr(v)
+    except TypeError:
+        text = repr(v)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def _int(v: Any, f: str, lo: int, hi: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
         rng = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
         if isinstance(v, float) and math.isfinite(v) and v.is_integer() and abs(v) >= 2**64:
             # the JSON parser reads an integer literal past 64 bits as a float: say what was sent
             raise _bad(f, f"must be an integer {rng}, got an integer too large for 64 bits (about {v:.3g})")
-        raise _bad(f, f"must be an integer {rng}, got {v!r}")
+        raise _bad(f, f"must be an integer {rng}, got {_shown(v)}")
     return v
 
 
 def _num(v: Any, f: str, lo: float, hi: float, lo_open: bool = False) -> float:
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     if not ok or v > hi or v < lo or (lo_open and v == lo):
-        raise _bad(f, f"must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v!r}")
+        raise _bad(f, f"must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {_shown(v)}")
     return float(v)
 
 
 def _bool(v: Any, f: str) -> bool:
     if not isinstance(v, bool):
-        raise _bad(f, f"must be true or false, got {v!r}")
+        raise _bad(f, f"must be true or false, got {_shown(v)}")
     return v
 
 
@@ -144,7 +154,7 @@ def _list(v: Any, f: str) -> list:
 
 def _choice(v: Any, f: str, options: tuple[str, ...]) -> str:
     if not isinstance(v, str) or v not in options:
-        raise _bad(f, f"must be one of {', '.join(options)}; got {v!r}")
+        raise _bad(f, f"must be one of {', '.join(options)}; got {_shown(v)}")
     return v
 
 
@@ -159,5 +169,5 @@ def _token_ids(v: Any, f: str, non_empty: bool) -> list[int]:
         raise _bad(f, "must not be empty")
     for i, t in enumerate(v):
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise _bad(f"{f}[{i}]", f"must be a non-negative integer token id, got {t!r}")
+            raise _bad(f"{f}[{i}]", f"must be a non-negative integer token id, got {_shown(t)}")
     return v

@@ -206,7 +206,7 @@ def test_chat_error_over_the_wire_is_the_documented_object():
     wire = orjson.loads(P.encode(reply))
     assert wire == {"id": "r9", "type": "error", "error": {
         "code": "bad_request", "field": "messages[2].role",
-        "message": "messages[2].role: must be one of system, user, assistant, tool, developer; got 'wizard'"}}
+        "message": "messages[2].role: must be one of system, user, assistant, tool, developer; got \"wizard\""}}
 
 
 def test_chat_parses_everything():
@@ -264,7 +264,7 @@ def test_assistant_null_content_with_tool_calls_and_empty_parts():
 COMPLETION_ERRORS = [
     ({}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": []}, "prompt"), ({"prompt": 5}, "prompt"),
     ({"prompt": {"text": "a"}}, "prompt"), ({"prompt": [1, -2]}, "prompt[1]"), ({"prompt": [1, True]}, "prompt[1]"),
-    ({"prompt": ["a"]}, "prompt[0]"), ({"prompt": [1, 2.0]}, "prompt[1]"),
+    ({"prompt": ["a"]}, "prompt"), ({"prompt": [1, 2.0]}, "prompt[1]"),
     ({"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
     ({"prompt": "x", "prompt_logprobs": -1}, "prompt_logprobs"),
     ({"prompt": "x", "prompt_logprobs": True}, "prompt_logprobs"),
@@ -422,3 +422,22 @@ def test_stop_of_another_type_says_a_string_is_accepted_too():
     # OpenAI's `stop` is a string or an array of strings: the message says both
     e = err({"id": "s", "op": "chat", "messages": USER, "stop": 5})
     assert e["error"]["message"] == "stop: must be a string or an array of strings, got a number", e
+
+
+@pytest.mark.parametrize("field, value, shown", [
+    ("max_tokens", True, "got true"), ("temperature", "hot", 'got "hot"'), ("stream", 1, "got 1"),
+    ("max_tokens", "x" * 200, 'got "' + "x" * 78 + "…"),   # 80 characters in all, the quote and "…" counted
+])
+def test_a_bad_value_is_shown_as_json_spells_it(field, value, shown):
+    """The value in the message is the one the client sent, in JSON's spelling (true, "text"), not Python's."""
+    with pytest.raises(P.ProtocolError) as e:
+        P.parse_request({"id": "r", "op": "completion", "prompt": "hi", field: value})
+    assert e.value.field == field and str(e.value).endswith(shown), str(e.value)
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]]])
+def test_a_batch_of_prompts_is_named_as_a_batch(prompt):
+    """OpenAI's /v1/completions takes a list of strings or of token lists; one request here serves one prompt."""
+    with pytest.raises(P.ProtocolError) as e:
+        P.parse_request({"id": "r", "op": "completion", "prompt": prompt})
+    assert e.value.field == "prompt" and "a list of prompts (a batch of 2) is not served" in str(e.value)
