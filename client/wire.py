@@ -58,14 +58,15 @@ def _bad(field: str, message: str) -> ProtocolError:
 
 # ---------------------------------------------------------------- framing
 
-def decode_line(line: bytes, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> dict:
+def decode_line(line: bytes, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, what: str = "line") -> dict:
     """Parse one request line (bytes without its ``\\n``; a trailing ``\\r`` is JSON whitespace) into a dict.
+    ``what`` names the bytes in the messages: "line" on the socket, "body" for an HTTP request body.
 
     Raises ProtocolError with id None: ``too_long`` when len(line) > max_line_bytes; ``bad_json`` for invalid
     UTF-8, invalid JSON, or JSON that is not an object. The caller keeps the connection in every case.
     """
     if len(line) > max_line_bytes:
-        raise ProtocolError("too_long", f"line of {len(line)} bytes exceeds the limit of {max_line_bytes} bytes "
+        raise ProtocolError("too_long", f"{what} of {len(line)} bytes exceeds the limit of {max_line_bytes} bytes "
                                         "(server.max_line_bytes)")
     try:
         obj = orjson.loads(line)
@@ -73,7 +74,7 @@ def decode_line(line: bytes, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> di
         try:
             line.decode("utf-8")
         except UnicodeDecodeError as u:
-            raise ProtocolError("bad_json", f"the line is not valid UTF-8 (byte {u.start}: {u.reason})") from None
+            raise ProtocolError("bad_json", f"the {what} is not valid UTF-8 (byte {u.start}: {u.reason})") from None
         raise ProtocolError("bad_json", f"invalid JSON: {e}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("bad_json", f"a request must be a JSON object, got {_json_type(obj)}")

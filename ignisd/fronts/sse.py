@@ -80,7 +80,7 @@ async def read_json(request: web.Request, max_bytes: int) -> dict:
             from None
     if not raw.strip():
         raise P.ProtocolError("bad_json", "the request body is empty; send a JSON object")
-    return P.decode_line(raw, max_bytes)
+    return P.decode_line(raw, max_bytes, what="body")
 
 
 def parse_op(obj: dict, op: str, rid: str):

@@ -441,3 +441,12 @@ def test_a_batch_of_prompts_is_named_as_a_batch(prompt):
     with pytest.raises(P.ProtocolError) as e:
         P.parse_request({"id": "r", "op": "completion", "prompt": prompt})
     assert e.value.field == "prompt" and "a list of prompts (a batch of 2) is not served" in str(e.value)
+
+
+def test_decode_line_names_an_http_body_as_a_body():
+    with pytest.raises(P.ProtocolError) as e:
+        P.decode_line(b'{"a": "\xff"}', what="body")
+    assert e.value.code == "bad_json" and str(e.value).startswith("the body is not valid UTF-8 (byte 7"), str(e.value)
+    with pytest.raises(P.ProtocolError) as e:
+        P.decode_line(b"x" * 11, max_line_bytes=10, what="body")
+    assert e.value.code == "too_long" and str(e.value).startswith("body of 11 bytes exceeds the limit of 10 bytes")
