@@ -105,10 +105,13 @@ def _json_type(v: Any) -> str:
 def _shown(v: Any, limit: int = 80) -> str:
     """`v` as JSON spells it (true, null, "text"), cut to `limit` characters with "…": the value a client sent,
     in its own language. Python's repr where JSON has no spelling (a non-finite float from a Python caller)."""
-    try:
-        text = orjson.dumps(v).decode() if not (isinstance(v, float) and not math.isfinite(v)) else repr(v)
-    except TypeError:
+    if isinstance(v, float) and not math.isfinite(v):      # orjson would write null
         text = repr(v)
+    else:
+        try:
+            text = orjson.dumps(v).decode()
+        except TypeError:
+            text = repr(v)
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 

@@ -17,6 +17,7 @@ import torch
 
 from ignis_kernels.attention import decode_kernel
 from ignis_kernels.kvq import encode_kernel, window_kernel
+from ignisd.buffers import total_bytes
 from ignisd.cache.kv_format import get_kv_format
 from ignisd.cache.kv_store import KVStore
 from ignisd.cache import transfer
@@ -41,7 +42,6 @@ from ignisd.scheduler import Scheduler
 from ignisd.text.chat_template import ChatTemplate
 from ignisd.text.tokenizer import Tokenizer
 from ignisd.tier_setup import build_tiers, index_disk, measure_prefill
-from ignisd.buffers import total_bytes
 from ignisd.vocab import PAGE_TOKENS
 
 log = get_logger("model")
@@ -90,10 +90,9 @@ def preflight(cfg: Config) -> LoadPlan:
     context = context_tokens(cfg, source.spec.context_tokens)
     check_exact_window(cfg, kv_format, context)
     mem = mem_available_bytes()
-    per_token = fmt.bytes_per_token(source.spec)
-    pages = plan_pool_pages(cfg, per_token, context, mem)
+    pages = plan_pool_pages(cfg, fmt.bytes_per_token(source.spec), context, mem)
     check_state_memory(cfg, total_bytes(source.spec.state_buffers() + fmt.seq_state_buffers(source.spec)),
-                       pages * PAGE_TOKENS * per_token, mem)
+                       pages * fmt.page_bytes(source.spec, PAGE_TOKENS), mem)
     check_arena(cfg, mem)
     return LoadPlan(cfg, api_key, kv_format, source, context, pages, kv_why)
 
@@ -139,6 +138,8 @@ class ModelStack:
         pool = PagePool(pages, PAGE_TOKENS)
         self.states, slots, state_bytes = None, None, 0
         lanes, dev_n, host_n = state_slot_counts(cfg)
+        if not state_buffers:   # nothing to keep beside the pages: no retained slots either
+            dev_n = host_n = 0
         if state_buffers:   # the model's (GDN recurrent + conv) and the format's per-sequence state: a slot per lane
             self.states = StateStore(state_buffers, lanes)
             slots = StateSlots(lanes)
@@ -146,7 +147,6 @@ class ModelStack:
         retained, retained_states, retained_bytes = None, {}, 0
         rc = cfg.reuse
         if rc.prompt:   # retained slots reserved at load (DESIGN §4.4); on this CPU both pools are host memory
-            dev_n, host_n = (dev_n, host_n) if state_buffers else (0, 0)
             if state_buffers:
                 retained_states = {"device": StateStore(state_buffers, dev_n),
                                    "host": StateStore(state_buffers, host_n)}

@@ -91,7 +91,7 @@ def check_exact_window(cfg: Config, kv_format: str, context: int) -> None:
     """Refuse (exit 2) an hq-e8-2b kv.exact_window or kv.exact_sinks of more tokens than the context (`context`,
     tokens): the window and sinks are kept exact in every state slot (HQ_E8_2B.md §4.3), so a window past the
     context only costs memory, and a large one would ask for more than the machine has. Other formats keep no
-    window: the keys are not read."""
+    window and ignore both keys."""
     if kv_format != "hq-e8-2b":
         return
     for key, n in (("kv.exact_window", cfg.kv.exact_window), ("kv.exact_sinks", cfg.kv.exact_sinks)):
