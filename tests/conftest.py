@@ -37,9 +37,9 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     return Path(make_tiny_llama(tmp_path_factory.mktemp("tiny_llama"), seed=0))
 
 
-@pytest.fixture(scope="session")
-def start_daemon(tmp_path_factory):
-    """Factory: start_daemon(args) → a running DaemonProc, stopped at the end of the session."""
+def _daemon_factory():
+    """A start(args) → running DaemonProc factory, as a generator: it yields the factory, then stops every daemon
+    it started (all asked at once, so the teardown lasts as long as the slowest shutdown, not their sum)."""
     procs: list[DaemonProc] = []
 
     def start(args: list[str]) -> DaemonProc:
@@ -48,24 +48,43 @@ def start_daemon(tmp_path_factory):
         return d
 
     yield start
-    for d in procs:                      # every daemon shuts down at once: the session ends after the slowest
+    for d in procs:
         d.terminate()
     for d in procs:
         d.stop()
 
 
 @pytest.fixture(scope="session")
-def tiny_daemon(start_daemon, tiny_llama_dir) -> DaemonProc:
-    """The shared daemon on the tiny Llama: 4 lanes, 64 pages (4,096 tokens), context 1,024."""
-    return start_daemon(["--model", str(tiny_llama_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
-                         "--model-context-tokens", "1024", "--server-max-queue", "64"])
+def start_session_daemon():
+    """Factory for daemons shared by the whole session (the fixtures below): stopped when the session ends."""
+    yield from _daemon_factory()
+
+
+@pytest.fixture(scope="module")
+def start_module_daemon():
+    """Factory for a module's own daemons: stopped when the module's last test ends."""
+    yield from _daemon_factory()
+
+
+@pytest.fixture
+def start_daemon():
+    """Factory for one test's daemons: stopped when the test ends, so a suite of them does not hold one process
+    (~0.3 GB on the tiny models, ~2 GB on SmolLM2) per test until the session ends."""
+    yield from _daemon_factory()
 
 
 @pytest.fixture(scope="session")
-def smollm_daemon(start_daemon) -> DaemonProc:
+def tiny_daemon(start_session_daemon, tiny_llama_dir) -> DaemonProc:
+    """The shared daemon on the tiny Llama: 4 lanes, 64 pages (4,096 tokens), context 1,024."""
+    return start_session_daemon(["--model", str(tiny_llama_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
+                                "--model-context-tokens", "1024", "--server-max-queue", "64"])
+
+
+@pytest.fixture(scope="session")
+def smollm_daemon(start_session_daemon) -> DaemonProc:
     """The shared daemon on the built-in SmolLM2 (no --model): 8 lanes, fp32 KV, fp32 weights (its prompt logprobs
     are checked against transformers on gguf's dequantized weights; other daemons run the native default)."""
-    return start_daemon(["--lanes", "8", "--vram-kv-pool-bytes", "32Ktok", "--model-weight-format", "fp32"])
+    return start_session_daemon(["--lanes", "8", "--vram-kv-pool-bytes", "32Ktok", "--model-weight-format", "fp32"])
 
 
 @pytest.fixture(scope="session")
@@ -87,35 +106,35 @@ def tiny_qwen35_real_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def qwen_daemon(start_daemon, tiny_qwen35_real_dir) -> DaemonProc:
+def qwen_daemon(start_session_daemon, tiny_qwen35_real_dir) -> DaemonProc:
     """The shared daemon on the tiny real-vocabulary Qwen3.5 hybrid: 4 lanes, 4,096 KV tokens."""
-    return start_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
-                         "--model-context-tokens", "2048"])
+    return start_session_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
+                                "--model-context-tokens", "2048"])
 
 
 # ---- daemons with the HTTP fronts (server.http_listen) ----
 @pytest.fixture(scope="session")
-def http_llama(start_daemon, tiny_llama_dir) -> DaemonProc:
+def http_llama(start_session_daemon, tiny_llama_dir) -> DaemonProc:
     """The tiny Llama (SmolLM2's template: no tools) with the HTTP fronts on a Unix socket."""
     path = Path(tempfile.mkdtemp(prefix="ignis-http-", dir="/tmp")) / "http.sock"
-    return start_daemon(["--model", str(tiny_llama_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
-                         "--model-context-tokens", "1024", "--server-http-listen", f"unix:{path}"])
+    return start_session_daemon(["--model", str(tiny_llama_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
+                                "--model-context-tokens", "1024", "--server-http-listen", f"unix:{path}"])
 
 
 @pytest.fixture(scope="session")
-def http_qwen(start_daemon, tiny_qwen35_real_dir) -> DaemonProc:
+def http_qwen(start_session_daemon, tiny_qwen35_real_dir) -> DaemonProc:
     """The tiny real-vocabulary Qwen3.5 hybrid (tools, reasoning) with the HTTP fronts on 127.0.0.1 (a free port)."""
-    return start_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
-                         "--model-context-tokens", "2048", "--server-http-listen", "127.0.0.1:0"])
+    return start_session_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
+                                "--model-context-tokens", "2048", "--server-http-listen", "127.0.0.1:0"])
 
 
 @pytest.fixture(scope="session")
-def http_llama_keyed(start_daemon, tiny_llama_dir) -> DaemonProc:
+def http_llama_keyed(start_session_daemon, tiny_llama_dir) -> DaemonProc:
     """The tiny Llama with an API key (http_support.HTTP_KEY), the billing-header strip off, and the HTTP fronts on
     127.0.0.1."""
     from http_support import HTTP_KEY
     key = Path(tempfile.mkdtemp(prefix="ignis-key-", dir="/tmp")) / "key"
     key.write_text(HTTP_KEY + "\n")
-    return start_daemon(["--model", str(tiny_llama_dir), "--lanes", "2", "--vram-kv-pool-bytes", "4Ktok",
-                         "--model-context-tokens", "1024", "--server-http-listen", "127.0.0.1:0",
-                         "--server-api-key-file", str(key), "--server-strip-billing-header", "off"])
+    return start_session_daemon(["--model", str(tiny_llama_dir), "--lanes", "2", "--vram-kv-pool-bytes", "4Ktok",
+                                "--model-context-tokens", "1024", "--server-http-listen", "127.0.0.1:0",
+                                "--server-api-key-file", str(key), "--server-strip-billing-header", "off"])

@@ -88,10 +88,10 @@ def _finishes(d, prefix: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def one_lane(start_daemon, tiny_llama_dir):
+def one_lane(start_module_daemon, tiny_llama_dir):
     """One lane, so queued requests wait: cancelling them is seen in how they finish."""
-    return start_daemon(["--model", str(tiny_llama_dir), "--lanes", "1", "--model-context-tokens", "1024",
-                         "--vram-kv-pool-bytes", "1Ktok", "--server-max-queue", "8"])
+    return start_module_daemon(["--model", str(tiny_llama_dir), "--lanes", "1", "--model-context-tokens", "1024",
+                               "--vram-kv-pool-bytes", "1Ktok", "--server-max-queue", "8"])
 
 
 @pytest.mark.parametrize("half_close_first", [False, True])

@@ -18,36 +18,28 @@ from test_reuse import burst, cached, chat, cuts, fresh, long_user, settle, word
 HQ = ["--model-kv-format", "hq-e8-2b"]
 
 
-def _module_daemon(start_daemon, args):
-    """A daemon for this module only: stopped when the module ends (start_daemon's own teardown is at the end of
-    the session; SmolLM2 daemons are ~2 GB each)."""
-    d = start_daemon(args)
-    yield d
-    d.stop()
+@pytest.fixture(scope="module")
+def smollm_hq(start_module_daemon):
+    return start_module_daemon(["--lanes", "4", "--vram-kv-pool-bytes", "16Ktok", *HQ])
 
 
 @pytest.fixture(scope="module")
-def smollm_hq(start_daemon):
-    yield from _module_daemon(start_daemon, ["--lanes", "4", "--vram-kv-pool-bytes", "16Ktok", *HQ])
+def smollm_hq_off(start_module_daemon):
+    return start_module_daemon(["--lanes", "2", "--vram-kv-pool-bytes", "8Ktok", "--reuse-prompt", "off",
+                               *HQ])
 
 
 @pytest.fixture(scope="module")
-def smollm_hq_off(start_daemon):
-    yield from _module_daemon(start_daemon, ["--lanes", "2", "--vram-kv-pool-bytes", "8Ktok", "--reuse-prompt", "off",
-                                             *HQ])
+def qwen_hq(start_module_daemon, tiny_qwen35_real_dir):
+    return start_module_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "4",
+                               "--vram-kv-pool-bytes", "8Ktok", "--model-context-tokens", "2048", *HQ])
 
 
 @pytest.fixture(scope="module")
-def qwen_hq(start_daemon, tiny_qwen35_real_dir):
-    yield from _module_daemon(start_daemon, ["--model", str(tiny_qwen35_real_dir), "--lanes", "4",
-                                             "--vram-kv-pool-bytes", "8Ktok", "--model-context-tokens", "2048", *HQ])
-
-
-@pytest.fixture(scope="module")
-def qwen_hq_off(start_daemon, tiny_qwen35_real_dir):
-    yield from _module_daemon(start_daemon, ["--model", str(tiny_qwen35_real_dir), "--lanes", "2",
-                                             "--vram-kv-pool-bytes", "4Ktok", "--model-context-tokens", "2048",
-                                             "--reuse-prompt", "off", *HQ])
+def qwen_hq_off(start_module_daemon, tiny_qwen35_real_dir):
+    return start_module_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "2",
+                               "--vram-kv-pool-bytes", "4Ktok", "--model-context-tokens", "2048",
+                               "--reuse-prompt", "off", *HQ])
 
 
 @pytest.mark.smollm
@@ -137,9 +129,9 @@ def test_hybrid_hq_turn2_and_burst(qwen_hq, qwen_hq_off):
 
 
 @pytest.fixture(scope="module")
-def tiny_hq_cold(start_daemon, tiny_llama_dir):
-    yield from _module_daemon(start_daemon, ["--model", str(tiny_llama_dir), "--lanes", "1", "--vram-kv-pool-bytes",
-                                             "4Ktok", "--model-context-tokens", "1024", "--reuse-prompt", "off", *HQ])
+def tiny_hq_cold(start_module_daemon, tiny_llama_dir):
+    return start_module_daemon(["--model", str(tiny_llama_dir), "--lanes", "1", "--vram-kv-pool-bytes",
+                               "4Ktok", "--model-context-tokens", "1024", "--reuse-prompt", "off", *HQ])
 
 
 def test_churn_under_hq_hits_each_tier_with_the_cold_output(start_daemon, tiny_llama_dir, tiny_hq_cold, tmp_path):

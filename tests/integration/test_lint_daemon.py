@@ -23,12 +23,12 @@ ROUTES = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages", "respon
 
 
 @pytest.fixture(scope="module")
-def logged(start_daemon, tiny_qwen35_real_dir):
+def logged(start_module_daemon, tiny_qwen35_real_dir):
     """(daemon, request log path): request log, HTTP fronts on 127.0.0.1 and --server-canonicalize-tools."""
     log = Path(tempfile.mkdtemp(prefix="ignis-reqlog-", dir="/tmp")) / "requests.log"
-    d = start_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "2", "--vram-kv-pool-bytes", "4Ktok",
-                      "--model-context-tokens", "2048", "--server-http-listen", "127.0.0.1:0",
-                      "--server-request-log", str(log), "--server-canonicalize-tools"])
+    d = start_module_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "2", "--vram-kv-pool-bytes", "4Ktok",
+                            "--model-context-tokens", "2048", "--server-http-listen", "127.0.0.1:0",
+                            "--server-request-log", str(log), "--server-canonicalize-tools"])
     return d, log
 
 

@@ -11,8 +11,8 @@ PROMPTS = ["Write a haiku about the sea.", "What is 17 times 23?", "Name three p
 
 
 @pytest.fixture(scope="module")
-def native_daemon(start_daemon):
-    return start_daemon(["--lanes", "4", "--vram-kv-pool-bytes", "8Ktok"])
+def native_daemon(start_module_daemon):
+    return start_module_daemon(["--lanes", "4", "--vram-kv-pool-bytes", "8Ktok"])
 
 
 def test_native_answers_paris(native_daemon):

@@ -34,15 +34,15 @@ def long_user(salt: int = 0, n: int = 90) -> dict:
 
 
 @pytest.fixture(scope="module")
-def tiny_off(start_daemon, tiny_llama_dir):
-    return start_daemon(["--model", str(tiny_llama_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
-                         "--model-context-tokens", "1024", "--reuse-prompt", "off"])
+def tiny_off(start_module_daemon, tiny_llama_dir):
+    return start_module_daemon(["--model", str(tiny_llama_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
+                               "--model-context-tokens", "1024", "--reuse-prompt", "off"])
 
 
 @pytest.fixture(scope="module")
-def qwen_off(start_daemon, tiny_qwen35_real_dir):
-    return start_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
-                         "--model-context-tokens", "2048", "--reuse-prompt", "off"])
+def qwen_off(start_module_daemon, tiny_qwen35_real_dir):
+    return start_module_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "4", "--vram-kv-pool-bytes", "4Ktok",
+                               "--model-context-tokens", "2048", "--reuse-prompt", "off"])
 
 
 def fresh(d) -> RawConn:
@@ -238,11 +238,11 @@ def test_burst_with_tools_hybrid(qwen_daemon):
 
 
 @pytest.fixture(scope="module")
-def qwen_wide(start_daemon, tiny_qwen35_real_dir):
+def qwen_wide(start_module_daemon, tiny_qwen35_real_dir):
     """The tiny Qwen3.5 hybrid with room for a burst of long subagent prompts: 4 lanes, context 4,096, 32K KV tokens,
     4 retained slots per lane."""
-    return start_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "4", "--vram-kv-pool-bytes", "32Ktok",
-                         "--model-context-tokens", "4096", "--reuse-host-slots-per-lane", "4"])
+    return start_module_daemon(["--model", str(tiny_qwen35_real_dir), "--lanes", "4", "--vram-kv-pool-bytes", "32Ktok",
+                               "--model-context-tokens", "4096", "--reuse-host-slots-per-lane", "4"])
 
 
 @pytest.mark.parametrize("page,delta", [(1, -1), (1, 0), (1, 1), (2, -1), (2, 0), (2, 1)])

@@ -80,9 +80,9 @@ def push(c, d, tokens: int, want: str, salt0: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def cold(start_daemon, tiny_llama_dir):
-    return start_daemon(["--model", str(tiny_llama_dir), "--lanes", "1", "--vram-kv-pool-bytes", "4Ktok",
-                         "--model-context-tokens", "1024", "--reuse-prompt", "off"])
+def cold(start_module_daemon, tiny_llama_dir):
+    return start_module_daemon(["--model", str(tiny_llama_dir), "--lanes", "1", "--vram-kv-pool-bytes", "4Ktok",
+                               "--model-context-tokens", "1024", "--reuse-prompt", "off"])
 
 
 def tiered_args(model_dir: Path, disk_dir: Path, arena_pages: int = 12, disk: str = "64M") -> list[str]:
