@@ -33,8 +33,8 @@ from ignisd.engine import Engine
 from ignisd.log import get_logger
 from ignisd.model.loader import ModelSource, load_model, open_model
 from ignisd.model.layers import rope_stable_dims
-from ignisd.preflight import (StartupError, check_arena, check_exact_window, check_formats, check_state_memory,
-                              choose_kv_format, context_tokens, state_slot_counts,
+from ignisd.preflight import (StartupError, check_arena, check_disk_dir, check_exact_window, check_formats,
+                              check_state_memory, choose_kv_format, context_tokens, state_slot_counts,
                               mem_available_bytes, plan_pool_pages, read_api_key)
 from ignisd.request import DoneEvent, ErrorEvent, Request, SamplingParams
 from ignisd.runner import Runner
@@ -94,6 +94,7 @@ def preflight(cfg: Config) -> LoadPlan:
     check_state_memory(cfg, total_bytes(source.spec.state_buffers() + fmt.seq_state_buffers(source.spec)),
                        pages * fmt.page_bytes(source.spec, PAGE_TOKENS), mem)
     check_arena(cfg, mem)
+    check_disk_dir(cfg)
     return LoadPlan(cfg, api_key, kv_format, source, context, pages, kv_why)
 
 

@@ -3,11 +3,12 @@
 †: imports no torch. What can be checked from the configuration and the model's metadata alone is checked here, so
 a refused value ends the start at once with exit code 2 and the key named, not seconds later after the weights
 loaded: the API key file, the model's architecture numbers (config.json or the GGUF header, no tensor read), the
-KV format and weight format, the context cap, and the KV pool's size (at least one page, at most the available
-memory).
+KV format and weight format, the context cap, the KV pool's size (at least one page, at most the available
+memory) and the KV-disk directory (a writable directory).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ignisd.config import Config
@@ -160,6 +161,32 @@ def check_arena(cfg: Config, mem_available: int) -> None:
     if want > mem_available:
         raise StartupError(f"reuse.kv_host_pool_bytes = {want} bytes does not fit in the available memory "
                            f"({mem_available} bytes, MemAvailable); lower it (0 turns KV-RAM off)", exit_code=2)
+
+
+def check_disk_dir(cfg: Config) -> None:
+    """Refuse (exit 2) a KV-disk directory the daemon could not use, before the weights load: with kv.disk_bytes > 0,
+    kv.disk_dir must be a directory (created here, mode 0700 with its parents, when missing, as the KV-disk store
+    would) that this user can write to and search. The message names the key, the path and what is wrong in words
+    (not a directory; cannot be created, and why; read-only file system; not writable by uid N). Raises StartupError."""
+    if not cfg.kv.disk_bytes:
+        return
+    path = Path(cfg.kv.disk_dir)
+    key = f"kv.disk_dir {str(path)!r}"
+    if path.exists() and not path.is_dir():
+        raise StartupError(f"{key}: not a directory; name a directory for the KV-disk files (or kv.disk_bytes = 0 "
+                           "turns KV-disk off)", exit_code=2)
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise StartupError(f"{key}: cannot be created: {e.strerror or e}", exit_code=2) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        try:
+            read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+        except OSError:
+            read_only = False
+        why = "on a read-only file system" if read_only else f"not writable by this user (uid {os.getuid()})"
+        raise StartupError(f"{key}: {why}; name a writable directory (or kv.disk_bytes = 0 turns KV-disk off)",
+                           exit_code=2)
 
 
 def mem_available_bytes() -> int:

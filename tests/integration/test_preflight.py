@@ -123,3 +123,28 @@ def test_state_slots_and_their_memory():
     msg = str(e.value)
     assert e.value.exit_code == 2 and "9 slots" in msg and "9000 bytes" in msg and "1001 bytes" in msg, msg
     assert "kv.exact_window" in msg and "server.lanes" in msg
+
+
+def test_unusable_kv_disk_dirs_are_refused_before_the_load(broken_weights_dir, tmp_path):
+    """A KV-disk directory that is a file, that cannot be created (a file in its path) or that is read-only stops
+    the start with exit 2 naming kv.disk_dir and the cause in words (it was `[Errno 17] File exists` after the
+    weights loaded); a missing one is created, mode 0700."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for where, words in ((afile, "not a directory"), (afile / "kv", "cannot be created: Not a directory")):
+        r = _serve(tmp_path, "--model", str(broken_weights_dir), "--kv-disk-bytes", "64M", "--kv-disk-dir", str(where))
+        assert r.returncode == 2, r.stderr
+        assert f"kv.disk_dir '{where}': {words}" in r.stderr and "Errno" not in r.stderr, r.stderr
+    fresh = tmp_path / "a" / "b"
+    r = _serve(tmp_path, "--model", str(broken_weights_dir), "--kv-disk-bytes", "64M", "--kv-disk-dir", str(fresh))
+    assert r.returncode == 1 and "cannot load" in r.stderr, r.stderr       # past the check: the weights' failure
+    assert fresh.is_dir() and fresh.stat().st_mode & 0o777 == 0o700
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)], capture_output=True).returncode:
+        pytest.skip("cannot mount a read-only tmpfs here")
+    try:
+        r = _serve(tmp_path, "--model", str(broken_weights_dir), "--kv-disk-bytes", "64M", "--kv-disk-dir", str(ro))
+        assert r.returncode == 2 and f"kv.disk_dir '{ro}': on a read-only file system" in r.stderr, r.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], capture_output=True)
