@@ -190,6 +190,7 @@ class Engine:
                 await self._sleep()
                 continue
             prefill_tokens, decode_tokens = plan.prefill_tokens, plan.decode_tokens
+            t0 = time.perf_counter()
             try:
                 result = await loop.run_in_executor(self._executor, self.runner.execute, plan)
             except Exception as e:  # a failed forward fails only the requests in it
@@ -199,6 +200,10 @@ class Engine:
                            f"forward pass failed: {e!r}")
                 continue
             self.rounds += 1
+            log.debug("round", n=self.rounds, prefill_tokens=prefill_tokens, decode_tokens=decode_tokens,
+                      sequences=len({it.seq_id for it in plan.items}), restores=len(plan.restores),
+                      captures=sum(len(it.captures) for it in plan.items), moves=len(plan.moves),
+                      ms=round((time.perf_counter() - t0) * 1000, 1))
             if self.heartbeat is not None:
                 self.heartbeat.beat()
             try:

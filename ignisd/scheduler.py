@@ -25,11 +25,14 @@ from dataclasses import replace
 
 from ignisd.cache.manager import CacheManager
 from ignisd.eviction import BLOCKED, LOST, Evictions
+from ignisd.log import get_logger
 from ignisd.plan import DECODE, PREFILL, CaptureOp, ItemResult, PlanItem, RoundPlan
 from ignisd.request import DoneEvent, FinishReason, Priority, Request, TokenEvent
 from ignisd.reuse_report import is_short, queued_reuse_info, reuse_info
 from ignisd.sequence import AdmissionError, QueueFull, Sequence, SeqState
 from ignisd.traversal import plan_traversals
+
+log = get_logger("sched")
 
 
 class Scheduler:
@@ -144,6 +147,11 @@ class Scheduler:
                     m.reuse_hits.labels(kind=adm.match.kind, tier=adm.match.tier).inc()
                     m.reuse_tokens_restored.inc(adm.resumed)
             self.running.append(s)
+            match = adm.match if adm.match is not None and adm.match.state_id is not None else None
+            log.debug("admitted", id=req.rid, prompt=len(req.prompt_ids), resumed=adm.resumed,
+                      tier=match.tier if match else None, kind=match.kind if match else None,
+                      pages=len(s.pages), waited_ms=round((s.admitted_at - req.arrival) * 1000, 1),
+                      running=len(self.running), waiting=len(self.waiting))
 
     def _pending_capture(self, s: Sequence) -> int:
         """The longest capture point that a running prefill has yet to reach and whose tokens start `s`'s prompt
