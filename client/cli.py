@@ -9,8 +9,9 @@
                                        is rendered by the daemon's `tokenize` op and compared with the earlier ones
 
 Every subcommand takes ``--socket PATH`` (default: resolved as in DESIGN §6), ``--api-key-file FILE`` (or
-$IGNIS_API_KEY) and ``--timeout S``. Exit status: 0 on success, 1 on an error reply or when no daemon is listening,
-130 when interrupted.
+$IGNIS_API_KEY) and ``--timeout S``. Exit status: 0 on success (`chat` too when the answer stops at max_tokens, with
+a note on stderr), 1 on an error reply, an answer the daemon cancelled, or when no daemon is listening, 2 for a
+command line argparse refuses, 130 when interrupted.
 """
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ from .client import Client, DaemonNotRunning, IgnisError
 from .status_view import render_status
 
 CLEAR = "\x1b[H\x1b[2J"      # cursor home + clear screen (ANSI), before each --watch redraw
+# a done with finish_reason "cancelled" names no cause: the daemon cancels an answer still running when it stops or
+# reloads its model past server.shutdown_grace_s (or on a cancel op, which `ignis chat` never sends)
+CANCELLED_NOTE = ('ignis: the answer was cut short: the daemon cancelled it (finish_reason "cancelled": it stopped or '
+                  'reloaded before the answer was done)\n')
 
 
 COMMANDS = ("chat", "status", "metrics", "health", "lint")
@@ -124,6 +129,9 @@ def _chat(client: Client, args: argparse.Namespace) -> int:
                 out.flush()
                 if ev.get("finish_reason") == "length":
                     err.write("ignis: the answer was cut at max_tokens\n")
+                elif ev.get("finish_reason") == "cancelled":
+                    err.write(CANCELLED_NOTE)
+                    return 1
     finally:
         events.close()
     return 0

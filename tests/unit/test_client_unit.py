@@ -29,8 +29,8 @@ def done(rid, text, finish="stop"):
 
 class FakeDaemon:
     """NDJSON peer. chat behaviour by the last message's content: "fail" → error reply; "auth" → an auth error;
-    "slow" → answers after
-    0.3 s; "garble" → an error with id null; "forever" → deltas until cancelled; else "Hel" + "lo"."""
+    "slow" → answers after 0.3 s; "garble" → an error with id null; "forever" → deltas until cancelled; "finish=R" →
+    "Hel" + "lo" ending with finish_reason R; else "Hel" + "lo"."""
 
     def __init__(self, path: str):
         self.path, self.requests, self.cancelled, self.writers = path, [], set(), set()
@@ -109,12 +109,13 @@ class FakeDaemon:
                     await asyncio.sleep(0.01)
                 send(done(rid, "x", "cancelled"))
                 return
-            text = f"Hello {what}" if what not in ("hi", "slow") else "Hello"
+            finish = what[len("finish="):] if str(what).startswith("finish=") else "stop"
+            text = f"Hello {what}" if what not in ("hi", "slow") and finish == "stop" else "Hello"
             if req.get("stream"):
                 send({"id": rid, "type": "delta", "text": text[:3]})
                 await asyncio.sleep(0.01)
                 send({"id": rid, "type": "delta", "text": text[3:]})
-            send(done(rid, text))
+            send(done(rid, text, finish))
 
 
 @pytest.fixture
@@ -307,6 +308,20 @@ def test_cli_chat_streams_greedy(daemon, capsys):
     req = daemon.requests[0]
     assert req["temperature"] == 0 and req["stream"] is True and req["max_tokens"] == 9
     assert req["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+
+
+def test_cli_chat_cut_at_max_tokens_is_a_success_with_a_note(daemon, capsys):
+    assert cli.main(["chat", "finish=length", "--socket", daemon.path]) == 0
+    assert capsys.readouterr() == ("Hello\n", "ignis: the answer was cut at max_tokens\n")
+
+
+def test_cli_chat_cancelled_answer_says_so_and_fails(daemon, capsys):
+    # the daemon ends an answer it cancels (SIGTERM past the shutdown grace) with finish_reason "cancelled"
+    assert cli.main(["chat", "finish=cancelled", "--socket", daemon.path]) == 1
+    out, err = capsys.readouterr()
+    assert out == "Hello\n"
+    assert err == ('ignis: the answer was cut short: the daemon cancelled it (finish_reason "cancelled": it stopped '
+                   'or reloaded before the answer was done)\n')
 
 
 def test_cli_status_metrics_health(daemon, capsys):
