@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
 
-from .client import Client, DaemonNotRunning, IgnisError
+from .client import Client, DaemonNotRunning, IgnisError, ReplyTimeout
 from .status_view import render_status
 
 CLEAR = "\x1b[H\x1b[2J"      # cursor home + clear screen (ANSI), before each --watch redraw
@@ -32,6 +33,19 @@ CANCELLED_NOTE = ('ignis: the answer was cut short: the daemon cancelled it (fin
 
 
 COMMANDS = ("chat", "status", "metrics", "health", "lint")
+MAX_TIMEOUT_S = 10**9       # a socket timeout overflows time_t near 9.2e9 s; without --timeout the client waits
+
+
+def _timeout(text: str) -> float:
+    """--timeout: seconds, a finite number above 0 and at most MAX_TIMEOUT_S (argparse names the option and exits 2)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (0 < v <= MAX_TIMEOUT_S):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:,} (leave "
+                                         f"--timeout out to wait without a limit), got {text!r}")
+    return v
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
                                          "/tmp/ignis-$UID/ignisd.sock)")
     common.add_argument("--api-key-file", help="file holding the daemon's API key (without it, the key itself is "
                                                "read from $IGNIS_API_KEY)")
-    common.add_argument("--timeout", type=float, default=None, help="seconds to wait for each reply")
+    common.add_argument("--timeout", type=_timeout, default=None, metavar="S",
+                        help="seconds to wait for each reply (default: no limit)")
     p = argparse.ArgumentParser(prog="ignis", description="Client of the ignisd inference daemon.")
     sub = p.add_subparsers(dest="cmd", required=True)
     chat = sub.add_parser("chat", parents=[common], help="send one user message and stream the answer")
@@ -187,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         if e.code == "auth":
             print("ignis: the daemon wants its API key: pass --api-key-file FILE, or set $IGNIS_API_KEY to the key",
                   file=sys.stderr)
+        return 1
+    except ReplyTimeout as e:
+        print(f"ignis: the daemon on {client.socket_path} did not answer within {e.timeout:g} s (--timeout)",
+              file=sys.stderr)
         return 1
     except (ConnectionError, TimeoutError) as e:
         print(f"ignis: connection to {client.socket_path} failed: {e}", file=sys.stderr)
