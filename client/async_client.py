@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator
 
-from .framing import TERMINAL, IgnisError, _Base, _messages, _raise_error, _terminal
+from .framing import TERMINAL, IgnisError, ReplyTimeout, _Base, _messages, _raise_error, _terminal
 from .protocol import DEFAULT_MAX_LINE_BYTES
 
 _READ_LIMIT = 2**30   # replies (prompt_logprobs, status) can be large; requests are bounded by max_line_bytes
@@ -109,7 +109,10 @@ class AsyncClient(_Base):
         return rid, q
 
     async def _get(self, q: asyncio.Queue) -> dict:
-        ev = await asyncio.wait_for(q.get(), self.timeout) if self.timeout is not None else await q.get()
+        try:
+            ev = await asyncio.wait_for(q.get(), self.timeout) if self.timeout is not None else await q.get()
+        except TimeoutError:
+            raise ReplyTimeout(self.timeout) from None
         if isinstance(ev, _Closed):
             raise ev.exc
         return ev

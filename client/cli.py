@@ -9,24 +9,43 @@
                                        is rendered by the daemon's `tokenize` op and compared with the earlier ones
 
 Every subcommand takes ``--socket PATH`` (default: resolved as in DESIGN §6), ``--api-key-file FILE`` (or
-$IGNIS_API_KEY) and ``--timeout S``. Exit status: 0 on success, 1 on an error reply or when no daemon is listening,
-130 when interrupted.
+$IGNIS_API_KEY) and ``--timeout S``. Exit status: 0 on success (`chat` too when the answer stops at max_tokens, with
+a note on stderr), 1 on an error reply, an answer the daemon cancelled, or when no daemon is listening, 2 for a
+command line argparse refuses, 130 when interrupted.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
 
-from .client import Client, DaemonNotRunning, IgnisError
+from .client import Client, DaemonNotRunning, IgnisError, ReplyTimeout
 from .status_view import render_status
 
 CLEAR = "\x1b[H\x1b[2J"      # cursor home + clear screen (ANSI), before each --watch redraw
+# a done with finish_reason "cancelled" names no cause: the daemon cancels an answer still running when it stops or
+# reloads its model past server.shutdown_grace_s (or on a cancel op, which `ignis chat` never sends)
+CANCELLED_NOTE = ('ignis: the answer was cut short: the daemon cancelled it (finish_reason "cancelled": it stopped or '
+                  'reloaded before the answer was done)\n')
 
 
 COMMANDS = ("chat", "status", "metrics", "health", "lint")
+MAX_TIMEOUT_S = 10**9       # a socket timeout overflows time_t near 9.2e9 s; without --timeout the client waits
+
+
+def _timeout(text: str) -> float:
+    """--timeout: seconds, a finite number above 0 and at most MAX_TIMEOUT_S (argparse names the option and exits 2)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (0 < v <= MAX_TIMEOUT_S):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:,} (leave "
+                                         f"--timeout out to wait without a limit), got {text!r}")
+    return v
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
                                          "/tmp/ignis-$UID/ignisd.sock)")
     common.add_argument("--api-key-file", help="file holding the daemon's API key (without it, the key itself is "
                                                "read from $IGNIS_API_KEY)")
-    common.add_argument("--timeout", type=float, default=None, help="seconds to wait for each reply")
+    common.add_argument("--timeout", type=_timeout, default=None, metavar="S",
+                        help="seconds to wait for each reply (default: no limit)")
     p = argparse.ArgumentParser(prog="ignis", description="Client of the ignisd inference daemon.")
     sub = p.add_subparsers(dest="cmd", required=True)
     chat = sub.add_parser("chat", parents=[common], help="send one user message and stream the answer")
@@ -124,6 +144,9 @@ def _chat(client: Client, args: argparse.Namespace) -> int:
                 out.flush()
                 if ev.get("finish_reason") == "length":
                     err.write("ignis: the answer was cut at max_tokens\n")
+                elif ev.get("finish_reason") == "cancelled":
+                    err.write(CANCELLED_NOTE)
+                    return 1
     finally:
         events.close()
     return 0
@@ -179,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         if e.code == "auth":
             print("ignis: the daemon wants its API key: pass --api-key-file FILE, or set $IGNIS_API_KEY to the key",
                   file=sys.stderr)
+        return 1
+    except ReplyTimeout as e:
+        print(f"ignis: the daemon on {client.socket_path} did not answer within {e.timeout:g} s (--timeout)",
+              file=sys.stderr)
         return 1
     except (ConnectionError, TimeoutError) as e:
         print(f"ignis: connection to {client.socket_path} failed: {e}", file=sys.stderr)

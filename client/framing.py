@@ -1,6 +1,6 @@
 """What the ignisd clients share (``Client`` in ``sync_client``, ``AsyncClient`` in ``async_client``): request
-framing (ids, the api_key, the max_line_bytes check), reply decoding, and the errors ``IgnisError`` and
-``DaemonNotRunning``.
+framing (ids, the api_key, the max_line_bytes check), reply decoding, and the errors ``IgnisError``,
+``DaemonNotRunning`` and ``ReplyTimeout``.
 
 Standard library + orjson only (no torch). Re-exported by ``ignis_client.client``.
 """
@@ -32,6 +32,14 @@ class DaemonNotRunning(ConnectionError):
     def __init__(self, socket_path: str, reason: str):
         super().__init__(f"no ignisd listening on {socket_path} ({reason})")
         self.socket_path = socket_path
+
+
+class ReplyTimeout(TimeoutError):
+    """The connection is open and the request sent, but no reply line came within the client's timeout (seconds)."""
+
+    def __init__(self, timeout: float):
+        super().__init__(f"ignisd did not answer within {timeout:g} s")
+        self.timeout = timeout
 
 
 def _raise_error(ev: dict) -> None:

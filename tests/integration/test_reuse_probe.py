@@ -68,7 +68,7 @@ def test_status_stream_refuses_an_interval_out_of_range(http_qwen):
         assert r.status_code == 400, (raw, r.text)
         err = r.json()["error"]
         assert (err["code"], err["param"]) == ("bad_request", "interval")
-        assert err["message"] == f"interval: {raw!r} is not a number of seconds from 0.2 to 10"
+        assert err["message"] == f'interval: "{raw}" is not a number of seconds from 0.2 to 10'   # JSON's quotes
     with c.stream("GET", "/ignis/status/stream?interval=0.2") as r:   # in range: the stream starts
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         assert next(r.iter_lines()).startswith("event: status")

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from ignis_client import AsyncClient, Client, DaemonNotRunning, IgnisError
+from ignis_client import AsyncClient, Client, DaemonNotRunning, IgnisError, ReplyTimeout
 from ignis_client import cli
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7, "prompt_tokens_details": {"cached_tokens": 0}}
@@ -29,8 +29,8 @@ def done(rid, text, finish="stop"):
 
 class FakeDaemon:
     """NDJSON peer. chat behaviour by the last message's content: "fail" → error reply; "auth" → an auth error;
-    "slow" → answers after
-    0.3 s; "garble" → an error with id null; "forever" → deltas until cancelled; else "Hel" + "lo"."""
+    "slow" → answers after 0.3 s; "garble" → an error with id null; "forever" → deltas until cancelled; "finish=R" →
+    "Hel" + "lo" ending with finish_reason R; else "Hel" + "lo"."""
 
     def __init__(self, path: str):
         self.path, self.requests, self.cancelled, self.writers = path, [], set(), set()
@@ -109,12 +109,13 @@ class FakeDaemon:
                     await asyncio.sleep(0.01)
                 send(done(rid, "x", "cancelled"))
                 return
-            text = f"Hello {what}" if what not in ("hi", "slow") else "Hello"
+            finish = what[len("finish="):] if str(what).startswith("finish=") else "stop"
+            text = f"Hello {what}" if what not in ("hi", "slow") and finish == "stop" else "Hello"
             if req.get("stream"):
                 send({"id": rid, "type": "delta", "text": text[:3]})
                 await asyncio.sleep(0.01)
                 send({"id": rid, "type": "delta", "text": text[3:]})
-            send(done(rid, text))
+            send(done(rid, text, finish))
 
 
 @pytest.fixture
@@ -307,6 +308,52 @@ def test_cli_chat_streams_greedy(daemon, capsys):
     req = daemon.requests[0]
     assert req["temperature"] == 0 and req["stream"] is True and req["max_tokens"] == 9
     assert req["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+
+
+def test_cli_chat_cut_at_max_tokens_is_a_success_with_a_note(daemon, capsys):
+    assert cli.main(["chat", "finish=length", "--socket", daemon.path]) == 0
+    assert capsys.readouterr() == ("Hello\n", "ignis: the answer was cut at max_tokens\n")
+
+
+def test_cli_chat_cancelled_answer_says_so_and_fails(daemon, capsys):
+    # the daemon ends an answer it cancels (SIGTERM past the shutdown grace) with finish_reason "cancelled"
+    assert cli.main(["chat", "finish=cancelled", "--socket", daemon.path]) == 1
+    out, err = capsys.readouterr()
+    assert out == "Hello\n"
+    assert err == ('ignis: the answer was cut short: the daemon cancelled it (finish_reason "cancelled": it stopped '
+                   'or reloaded before the answer was done)\n')
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "inf", "nan", "abc", "2e9"])
+def test_cli_timeout_must_be_positive_finite_seconds(bad, capsys):
+    # 0 made the socket non-blocking (BlockingIOError), -1 a ValueError; 2e9 s is past the 1e9 cap (time_t overflows
+    # near 9.2e9 s); argparse refuses them all before any connection, exit 2
+    with pytest.raises(SystemExit) as e:
+        cli.main(["health", "--timeout", bad, "--socket", "/nonexistent/s.sock"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"ignis health: error: argument --timeout: must be a number of seconds above 0 and at most "
+                        f"1,000,000,000 (leave --timeout out to wait without a limit), got '{bad}'\n")
+
+
+def test_cli_reply_timeout_is_not_called_a_connection_failure(daemon, capsys):
+    # "slow" answers after 0.3 s: the connection succeeds, the reply is late
+    assert cli.main(["chat", "slow", "--timeout", "0.05", "--socket", daemon.path]) == 1
+    assert capsys.readouterr().err == f"ignis: the daemon on {daemon.path} did not answer within 0.05 s (--timeout)\n"
+    assert cli.main(["chat", "slow", "--timeout", "1e9", "--socket", daemon.path]) == 0     # the cap is allowed
+
+
+def test_clients_raise_reply_timeout_a_timeout_error(daemon):
+    with Client(daemon.path, timeout=0.05) as c, pytest.raises(ReplyTimeout) as ei:
+        c.chat("slow")
+    assert isinstance(ei.value, TimeoutError) and ei.value.timeout == 0.05
+    assert str(ei.value) == "ignisd did not answer within 0.05 s"
+
+    async def main():
+        async with AsyncClient(daemon.path, timeout=0.05) as c:
+            await c.chat("slow")
+    with pytest.raises(ReplyTimeout, match=r"^ignisd did not answer within 0\.05 s$"):
+        asyncio.run(main())
 
 
 def test_cli_status_metrics_health(daemon, capsys):

@@ -398,3 +398,16 @@ def test_example_toml_lists_every_key_with_its_default():
     env = {"RUNTIME_DIRECTORY": "/run/ignis", "STATE_DIRECTORY": "/var/lib/ignis"}
     doc = tomllib.loads("\n".join(uncommented))
     assert C.config_from_toml(doc, env=env) == parse_serve_args([], env=env)
+
+
+def test_example_toml_names_both_disk_dir_defaults():
+    """kv.disk_dir defaults to $STATE_DIRECTORY (the unit's StateDirectory=ignis: /var/lib/ignis), else
+    ~/.cache/ignis/kv: the example's line shows the first and names the second."""
+    lines = (ROOT / "systemd" / "ignisd.toml").read_text().splitlines()
+    line = next(x for x in lines if x.startswith("# disk_dir = "))
+    m = re.fullmatch(r'# disk_dir = "([^"]+)" +# under systemd; outside it the default is "([^"]+)"', line)
+    assert m, line
+    assert "\nStateDirectory=ignis\n" in (ROOT / "systemd" / "ignisd.service").read_text()   # → /var/lib/ignis
+    assert parse_serve_args([], env={"STATE_DIRECTORY": "/var/lib/ignis"}).kv.disk_dir == m.group(1) == "/var/lib/ignis"
+    outside = parse_serve_args([], env={"HOME": "/home/u"}).kv.disk_dir
+    assert outside == "/home/u/.cache/ignis/kv" == m.group(2).replace("~", "/home/u", 1)

@@ -9,9 +9,10 @@ from text_corpus import ignis_smollm_tokenizer
 
 from ignisd.fronts import anthropic_request as A
 from ignisd.fronts import responses_request as R
+from ignisd.fronts.bodies import chat_body
 from ignisd.fronts.sse import parse_op
 from ignisd.prompt import Prompts
-from ignisd.text.chat_template import ChatTemplate
+from ignisd.text.chat_template import ChatTemplate, MessageError, prepare_messages
 
 BILLING = "x-anthropic-billing-header: cc_version=2.1.3; cc_entrypoint=cli; cch=4f2a1;"
 
@@ -92,6 +93,34 @@ def test_messages_refusals_name_the_anthropic_field():
                                                                                       "messages[0].role")
     e = P.ProtocolError("model_unsupported", "x", "messages[2].tool_calls")
     assert A.remap(e, ["system", "messages[0]", "messages[1]", "messages[2]"]).field == "messages[1].tool_calls"
+
+
+def _message(fn, *args):
+    with pytest.raises((P.ProtocolError, MessageError)) as e:
+        fn(*args)
+    return str(e.value)
+
+
+def test_front_refusals_show_the_clients_value_as_json():
+    """The role or block type the client sent, spelled by hand as JSON writes it (was Python's repr: 'bot', None)."""
+    assert _message(A.to_chat, {"messages": [{"role": "bot", "content": "a"}]}, True) == \
+        'messages[0].role: must be user or assistant (or system), got "bot"'
+    assert _message(A.to_chat, {"messages": [{"content": "a"}]}, True) == \
+        "messages[0].role: must be user or assistant (or system), got null"
+    assert _message(A.to_chat, {"messages": [{"role": "user", "content": [{"type": "audio"}]}]}, True) == \
+        'messages[0].content[0].type: unsupported block type "audio" in a user message (text, tool_result)'
+    assert _message(A.to_chat, {"messages": [{"role": "user", "content": "a"},
+                                             {"role": "assistant", "content": [{"type": 7}]},
+                                             {"role": "user", "content": "b"}]}, True) == \
+        ("messages[1].content[0].type: unsupported block type 7 in an assistant message (text, thinking, "
+         "redacted_thinking, tool_use)")
+    assert _message(R.to_chat, {"input": [{"type": "message", "role": "bot", "content": "a"}]}) == \
+        'input[0].role: must be user, assistant, system or developer, got "bot"'
+    assert _message(chat_body, "gemini", {}) == 'api: must be one of openai, anthropic, responses; got "gemini"'
+    assert _message(prepare_messages, [{"role": "bot", "content": "a"}], "keep") == \
+        'messages[0].role: unknown role "bot" (allowed: system, user, assistant, tool, developer)'
+    assert _message(prepare_messages, [{"role": "user", "content": [{"type": "audio"}]}], "keep") == \
+        'messages[0].content[0].type: unsupported content part type "audio" (allowed: text, image_url)'
 
 
 # ---------------------------------------------------------------- Responses

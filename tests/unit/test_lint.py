@@ -238,6 +238,26 @@ def test_ignisd_lint_command_colours_only_a_terminal(tmp_path, capsys):
     assert ignisd_main(["lint", "--model", str(QWEN35_DIR), str(tmp_path / "missing.jsonl")]) == 1
 
 
+def test_ignisd_lint_reads_model_builtin_as_serve_does(tmp_path, capsys):
+    """`--model builtin` (serve's word for the built-in model, model.path) renders with the SmolLM2 GGUF, as the
+    file's own path does; it used to be taken for a path ("builtin: no such file or directory", exit 2)."""
+    from daemon_support import smollm_gguf
+
+    from ignisd.cli import main as ignisd_main
+    trace = tmp_path / "trace.jsonl"
+    trace.write_bytes(orjson.dumps(body("openai", SYSTEM, [], [USER])) + b"\n")
+    assert ignisd_main(["lint", "--model", "builtin", str(trace), "--json"]) == 0
+    by_word = orjson.loads(capsys.readouterr().out)
+    assert ignisd_main(["lint", "--model", str(smollm_gguf()), str(trace), "--json"]) == 0
+    assert by_word == orjson.loads(capsys.readouterr().out)
+    assert by_word["summary"]["requests"] == 1 and by_word["requests"][0]["prompt_tokens"] > 0
+    with pytest.raises(SystemExit) as e:                  # a value model.path refuses: argparse's exit 2
+        ignisd_main(["lint", "--model", "a\0b", str(trace)])
+    assert e.value.code == 2
+    assert ("argument --model: model.path: invalid value 'a\\x00b' (from flag --model); allowed: a path, or "
+            '"builtin"') in capsys.readouterr().err
+
+
 def test_lint_imports_without_torch():
     import subprocess
     import sys

@@ -435,6 +435,26 @@ def test_a_bad_value_is_shown_as_json_spells_it(field, value, shown):
     assert e.value.field == field and str(e.value).endswith(shown), str(e.value)
 
 
+@pytest.mark.parametrize("obj, field, message", [
+    ({"op": "chat", "messages": USER, "stop": [""]}, "stop[0]", 'stop[0]: must be a non-empty string, got ""'),
+    ({"op": "chat", "messages": USER, "stop": ["a", None]}, "stop[1]", "stop[1]: must be a non-empty string, got null"),
+    ({"op": "chat", "messages": USER, "n": "2"}, "n", 'n: only n=1 is supported, got "2"'),
+    ({"op": "chat", "messages": USER, "tools": [{"type": "retrieval"}]}, "tools[0].type",
+     'tools[0].type: must be "function", got "retrieval"'),
+    ({"op": "cancel", "target": ""}, "target",
+     'target: must be the id (string of 1 to 128 characters) of an in-flight request, got ""'),
+    ({"op": "cancel", "target": False}, "target",
+     "target: must be the id (string of 1 to 128 characters) of an in-flight request, got false"),
+    ({"op": "frob"}, "op", 'op: unknown operation "frob"; known: ' + ", ".join(P.OPS)),
+])
+def test_refusals_show_the_clients_value_as_json(obj, field, message):
+    """Values spelled by hand as JSON writes them (double quotes, null, false), where Python's repr wrote '', None,
+    False."""
+    with pytest.raises(P.ProtocolError) as e:
+        P.parse_request({"id": "r", **obj})
+    assert (e.value.field, str(e.value)) == (field, message)
+
+
 @pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]]])
 def test_a_batch_of_prompts_is_named_as_a_batch(prompt):
     """OpenAI's /v1/completions takes a list of strings or of token lists; one request here serves one prompt."""
