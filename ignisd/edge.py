@@ -25,6 +25,7 @@ from ignisd.log import get_logger
 from ignisd.prompt import Prompt, Prompts, Reuse
 from ignisd.request import DoneEvent, ErrorEvent, FinishReason, Priority, Request, ReuseInfo, SamplingParams, TokenEvent
 from ignisd.text.output_parser import OutputParser, make_output_parser, prompt_starts_in_reasoning
+from ignisd.text.tool_choice import AUTO, ToolChoice, resolve_tool_choice
 from ignisd.text.stream import StreamDecoder
 
 log = get_logger("srv")
@@ -214,15 +215,18 @@ class Edge:
         fits: refuse a prompt that fills the context (context_length); False for the reuse probe, which answers
         for such a prompt too. Raises ProtocolError for request errors."""
         prompt = self.prompts.chat(op)
-        parser = make_output_parser(self.output_family, op.tools,
-                                    starts_in_reasoning=prompt_starts_in_reasoning(prompt.text))
-        return self._generation(op, rid, prompt, parser, fits)
+        in_reasoning = prompt_starts_in_reasoning(prompt.text)
+        choice = resolve_tool_choice(getattr(op, "tool_choice", None), op.tools, self.output_family, self.tok,
+                                     in_reasoning)
+        parser = make_output_parser(self.output_family, op.tools, starts_in_reasoning=in_reasoning,
+                                    calls=choice.calls)
+        return self._generation(op, rid, prompt, parser, fits, choice)
 
     def prepare_completion(self, op, rid: str) -> Generation:
         """A completion op as a Generation with engine key `rid`. Raises ProtocolError for request errors."""
         return self._generation(op, rid, self.prompts.completion(op), None)
 
-    def _sampling(self, op, prompt_len: int) -> SamplingParams:
+    def _sampling(self, op, prompt_len: int, choice: ToolChoice = AUTO) -> SamplingParams:
         s = op.sampling
         max_tokens = s.max_tokens
         if max_tokens is None:     # the default never asks for more than the context or the whole KV pool holds
@@ -231,16 +235,18 @@ class Edge:
         return SamplingParams(
             max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
             seed=s.seed, stop_token_ids=frozenset() if s.ignore_eos else frozenset(self.tok.stop_token_ids),
-            logprobs=bool(op.logprobs), top_logprobs=op.top_logprobs or 0)
+            logprobs=bool(op.logprobs), top_logprobs=op.top_logprobs or 0,
+            banned_token_ids=choice.banned, forced_token_ids=choice.forced)
 
-    def _generation(self, op, rid: str, prompt: Prompt, parser, fits: bool = True) -> Generation:
+    def _generation(self, op, rid: str, prompt: Prompt, parser, fits: bool = True,
+                    choice: ToolChoice = AUTO) -> Generation:
         ids, cuts, msgs = prompt.ids, prompt.cuts, prompt.messages or []
         if fits and len(ids) >= self.context_tokens:
             # the prompt alone fills the context: name the prompt, not max_tokens (no max_tokens would fit)
             where = "prompt" if op.op == "completion" else "messages"
             raise P.ProtocolError("context_length", f"the prompt is {len(ids)} tokens; the context holds "
                                   f"{self.context_tokens}, which must leave at least one token to generate", where)
-        req = Request(rid=rid, prompt_ids=ids, sampling=self._sampling(op, len(ids)),
+        req = Request(rid=rid, prompt_ids=ids, sampling=self._sampling(op, len(ids), choice),
                       priority=Priority(op.priority), prompt_logprobs=getattr(op, "prompt_logprobs", None),
                       cache_prompt=op.cache_prompt,
                       publish=cuts.publish if cuts else 0, opener=cuts.opener if cuts else None,

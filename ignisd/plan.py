@@ -94,6 +94,7 @@ class PlanItem:
     prompt_logprobs (None: off); targets: for logits "all", the prompt token each row predicts (positions
     start+1 … start+len, at most the prompt's end). captures: the CaptureOps to run after this item's pass (at most one
     on a hybrid, at the item's end; on an attention-only model in an exact format any capture point the item covers).
+    force: the token this item's sample must be (the request's next forced token, sampling.forced_token_ids), or None.
     """
 
     seq_id: str
@@ -108,6 +109,7 @@ class PlanItem:
     prompt_logprobs: int | None = None
     targets: tuple[int, ...] = ()
     captures: tuple[CaptureOp, ...] = ()
+    force: int | None = None
 
 
 @dataclass(frozen=True)

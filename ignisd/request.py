@@ -35,6 +35,8 @@ class SamplingParams:
     probability is below min_p × the top probability (0 = off). seed: the request's own generator seed (None: random).
     max_tokens: generated-token cap (tokens). stop_token_ids: generation ends after emitting one of these.
     logprobs / top_logprobs: return the chosen token's log-probability and the K best alternatives (K ≤ 20).
+    banned_token_ids: never sampled (their logits are −inf before the warpers). forced_token_ids: the first generated
+    tokens, in order, taken instead of sampling (ignisd.text.tool_choice; logprobs still from the raw logits).
     """
 
     max_tokens: int
@@ -46,6 +48,8 @@ class SamplingParams:
     stop_token_ids: frozenset[int] = frozenset()
     logprobs: bool = False
     top_logprobs: int = 0
+    banned_token_ids: frozenset[int] = frozenset()
+    forced_token_ids: tuple[int, ...] = ()
 
     @property
     def greedy(self) -> bool:

@@ -186,7 +186,13 @@ class Runner:
             gen = self._gens.get(it.seq_id)
             if gen is None:
                 gen = self._gens[it.seq_id] = make_generator(sp.seed)
-            tok = sample_row(last, sp, gen)
+            if it.force is not None:
+                tok = it.force
+            elif sp.banned_token_ids:
+                tok = sample_row(last.index_fill(0, torch.tensor(sorted(sp.banned_token_ids)), float("-inf")), sp,
+                                 gen)
+            else:
+                tok = sample_row(last, sp, gen)
             res.token_id = tok
             if sp.logprobs:
                 lp, tops, _ = token_logprobs(last.view(1, -1), torch.tensor([tok]), sp.top_logprobs)

@@ -155,12 +155,14 @@ class OutputParser:
     """Streaming parser of one reply; see the module docstring. Build it with ``make_output_parser``."""
 
     def __init__(self, family: str, tools: list | None = None, starts_in_reasoning: bool = False,
-                 make_id: Callable[[int], str] | None = None):
+                 make_id: Callable[[int], str] | None = None, calls: bool = True):
         family = _ALIASES.get(family, family)
         if family not in FAMILIES:
             raise ValueError(f"unknown output family {family!r}; expected one of {', '.join(FAMILIES)}")
         self.family = family
         self._parse = family != "none"
+        self._calls_on = calls and self._parse     # False (tool_choice "none"): ``<tool_call>`` is plain text
+        self._holds = (THINK_CLOSE, TOOL_OPEN) if self._calls_on else (THINK_CLOSE,)
         self._mode = "start" if self._parse else "content"
         self._after_start = "reasoning" if starts_in_reasoning else "content"
         self._types = parameter_types(tools) if self._parse else {}
@@ -216,7 +218,7 @@ class OutputParser:
                     return
                 self._mode = self._after_start
             elif mode == "reasoning":
-                end, start = buf.find(THINK_CLOSE), buf.find(TOOL_OPEN)
+                end, start = buf.find(THINK_CLOSE), buf.find(TOOL_OPEN) if self._calls_on else -1
                 if start >= 0 and (end < 0 or start < end):   # a call inside the reasoning is a call
                     delta.reasoning += self._reasoning.add(buf[:start])
                     self._open_call(buf[start + len(TOOL_OPEN):], "reasoning")
@@ -225,17 +227,17 @@ class OutputParser:
                     delta.reasoning += self._reasoning.add(buf[:end])
                     self._mode, self._buf = "content", buf[end + len(THINK_CLOSE):]
                     continue
-                keep = 0 if final else held_suffix(buf, (THINK_CLOSE, TOOL_OPEN))
+                keep = 0 if final else held_suffix(buf, self._holds)
                 delta.reasoning += self._reasoning.add(buf[:len(buf) - keep])
                 self._buf = buf[len(buf) - keep:]
                 return
             elif mode == "content":
-                start = buf.find(TOOL_OPEN) if self._parse else -1
+                start = buf.find(TOOL_OPEN) if self._calls_on else -1
                 if start >= 0:
                     delta.content += self._content.add(buf[:start])
                     self._open_call(buf[start + len(TOOL_OPEN):], "content")
                     continue
-                keep = 0 if (final or not self._parse) else held_suffix(buf, (TOOL_OPEN,))
+                keep = 0 if (final or not self._calls_on) else held_suffix(buf, (TOOL_OPEN,))
                 delta.content += self._content.add(buf[:len(buf) - keep])
                 self._buf = buf[len(buf) - keep:]
                 return
@@ -266,7 +268,7 @@ class OutputParser:
 
 
 def make_output_parser(family: str, tools: list | None = None, starts_in_reasoning: bool = False,
-                       make_id: Callable[[int], str] | None = None) -> OutputParser:
+                       make_id: Callable[[int], str] | None = None, calls: bool = True) -> OutputParser:
     """A parser for one reply.
 
     Args:
@@ -274,10 +276,11 @@ def make_output_parser(family: str, tools: list | None = None, starts_in_reasoni
         tools: the request's ``tools`` (OpenAI shape); their parameter schemas type Qwen3.5's XML values.
         starts_in_reasoning: the prompt ends inside ``<think>`` (see ``prompt_starts_in_reasoning``).
         make_id: index → tool-call id (default ``call_`` + 24 random hex digits).
+        calls: recognise tool calls (False for ``tool_choice: "none"``: a ``<tool_call>`` is left in the text).
     Raises:
         ValueError: unknown family.
     """
-    return OutputParser(family, tools, starts_in_reasoning, make_id)
+    return OutputParser(family, tools, starts_in_reasoning, make_id, calls)
 
 
 def parse_output(text: str, family: str, tools: list | None = None, starts_in_reasoning: bool = False,

@@ -59,6 +59,30 @@ def test_streamed_chat_with_tools_round_trips(qwen_daemon):
     assert qwen_daemon.status()["live_states"]["slots_used"] == 0
 
 
+def test_forced_tool_choice_opens_the_reply_with_the_call(qwen_daemon):
+    """tool_choice naming a function: the reply's first tokens are the call's opening (forced by the scheduler a
+    token a step: prefill's sample, then decode steps), whatever the random model would have written; the model
+    goes on after them. Streamed, the forced call's header is the first tool-call piece."""
+    c = qwen_daemon.conn()
+    body = {"id": "fc", "op": "chat", "messages": CONVERSATION, "tools": TOOLS, "temperature": 0, "max_tokens": 12,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "chat_template_kwargs": {"enable_thinking": False}, "stream": True}
+    forced = "<tool_call>\n<function=get_weather>\n"
+    n_forced = len(c.request({"id": "tk", "op": "tokenize", "text": forced})["result"]["tokens"])
+    c.send(body)
+    deltas, done = c.until_done("fc")
+    assert done["type"] == "done" and done["usage"]["completion_tokens"] == 12, done
+    assert done["text"].startswith(forced) and len(done["text"]) > len(forced)
+    pieces = [p for d in deltas for p in d.get("tool_calls") or []]
+    assert pieces and pieces[0]["function"]["name"] == "get_weather" and pieces[0]["index"] == 0
+    free = dict(body, id="free", stream=False)
+    free.pop("tool_choice")
+    auto = c.request(free)
+    assert not auto["text"].startswith(forced)           # the random model does not open a call by itself
+    assert n_forced < 12
+    c.close()
+
+
 def test_tools_refused_on_a_template_without_tools(tiny_daemon):
     c = tiny_daemon.conn()
     r = c.request({"id": "nt", "op": "chat", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS})
