@@ -5,8 +5,6 @@ a real Unix socket; only the engine is scripted."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import anthropic
 import openai
@@ -14,12 +12,8 @@ import pytest
 from http_support import InProcess, ScriptedEngine, anthropic_client, http, openai_client, sse
 
 from ignisd.edge import Edge
-from ignisd.request import FinishReason
 from ignisd.text.chat_template import ChatTemplate
-from ignisd.text.tokenizer import Tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from make_tiny_checkpoint import write_qwen3_5_tokenizer  # noqa: E402
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -32,29 +26,13 @@ USER = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    d = tmp_path_factory.mktemp("qwen_tok")
-    write_qwen3_5_tokenizer(d)
-    return Tokenizer.from_dir(d)
-
-
-@pytest.fixture(scope="module")
-def served(tok):
-    engine = ScriptedEngine(tok)
-    edge = Edge(engine, tok, ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token),
-                model_info={"name": "tiny-qwen"}, context_tokens=4096, default_max_tokens=64,
-                developer_policy="into-system", output_family="qwen3_5")
-    srv = InProcess(edge)
-    yield srv, engine
-    srv.close()
+def tok(qwen_tok):
+    return qwen_tok
 
 
 @pytest.fixture
-def srv(served):
-    srv, engine = served
-    engine.text, engine.cached, engine.error, engine.finish = "", 0, None, FinishReason.STOP
-    engine.error_after = None
-    return srv, engine
+def srv(scripted):
+    return scripted
 
 
 @pytest.mark.parametrize("text", [AFTER_THINK, INSIDE_THINK], ids=["after_think", "inside_think"])

@@ -4,27 +4,19 @@ ones. Checked with the real Qwen3.5 tokenizer, through the HTTP fronts and the o
 (what the edge submits, how the reply parses), and on the runner's sampling of one row."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import anthropic
 import openai
 import pytest
 import torch
-from http_support import InProcess, ScriptedEngine, anthropic_client, openai_client
+from http_support import anthropic_client, openai_client
 
 from ignis_client.protocol import ProtocolError
-from ignisd.edge import Edge
 from ignisd.plan import PlanItem
-from ignisd.request import FinishReason, SamplingParams
+from ignisd.request import SamplingParams
 from ignisd.runner import Runner
-from ignisd.text.chat_template import ChatTemplate
-from ignisd.text.tokenizer import Tokenizer
 from ignisd.text.tool_choice import resolve_tool_choice
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from make_tiny_checkpoint import write_qwen3_5_tokenizer  # noqa: E402
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -36,30 +28,13 @@ NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    d = tmp_path_factory.mktemp("qwen_tok")
-    write_qwen3_5_tokenizer(d)
-    return Tokenizer.from_dir(d)
-
-
-@pytest.fixture(scope="module")
-def served(tok):
-    engine = ScriptedEngine(tok)
-    edge = Edge(engine, tok, ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token),
-                model_info={"name": "tiny-qwen"}, context_tokens=4096, default_max_tokens=64,
-                developer_policy="into-system", output_family="qwen3_5")
-    srv = InProcess(edge)
-    yield srv, engine
-    srv.close()
+def tok(qwen_tok):
+    return qwen_tok
 
 
 @pytest.fixture
-def srv(served):
-    srv, engine = served
-    engine.text, engine.cached, engine.error, engine.finish = "", 0, None, FinishReason.STOP
-    engine.error_after = None
-    engine.submitted.clear()
-    return srv, engine
+def srv(scripted):
+    return scripted
 
 
 def test_none_bans_the_single_tool_call_token(tok):
