@@ -23,7 +23,8 @@ from ignis_client import protocol as P
 
 from ignisd.log import get_logger
 from ignisd.prompt import Prompt, Prompts, Reuse
-from ignisd.request import DoneEvent, ErrorEvent, FinishReason, Priority, Request, ReuseInfo, SamplingParams, TokenEvent
+from ignisd.request import (DoneEvent, ErrorEvent, FinishReason, Priority, Request, ReuseInfo, SamplingParams,
+                            TokenEvent, context_message)
 from ignisd.text.output_parser import OutputParser, make_output_parser, prompt_starts_in_reasoning
 from ignisd.text.tool_choice import AUTO, ToolChoice, resolve_tool_choice
 from ignisd.text.stream import StreamDecoder
@@ -244,8 +245,7 @@ class Edge:
         if fits and len(ids) >= self.context_tokens:
             # the prompt alone fills the context: name the prompt, not max_tokens (no max_tokens would fit)
             where = "prompt" if op.op == "completion" else "messages"
-            raise P.ProtocolError("context_length", f"the prompt is {len(ids)} tokens; the context holds "
-                                  f"{self.context_tokens}, which must leave at least one token to generate", where)
+            raise P.ProtocolError("context_length", context_message(len(ids), self.context_tokens), where)
         req = Request(rid=rid, prompt_ids=ids, sampling=self._sampling(op, len(ids), choice),
                       priority=Priority(op.priority), prompt_logprobs=getattr(op, "prompt_logprobs", None),
                       cache_prompt=op.cache_prompt,

@@ -160,3 +160,16 @@ class ErrorEvent:
     code: str
     message: str
     field: str | None = None
+
+
+def context_message(prompt_tokens: int, context_tokens: int, max_tokens: int | None = None) -> str:
+    """The message of a ``context_length`` refusal, worded with the phrases clients look for to trim or compact a
+    conversation: OpenAI's "this model's maximum context length is N tokens" (litellm's ContextWindowExceededError)
+    and Anthropic's "prompt is too long: N tokens > M maximum" (a prompt alone too long) or "input length and
+    max_tokens exceed context limit: N + M > L" (with max_tokens). Tokens throughout."""
+    if max_tokens is None:
+        return (f"prompt is too long: {prompt_tokens} tokens > {context_tokens - 1} maximum (this model's maximum "
+                f"context length is {context_tokens} tokens, one of which must be left to generate)")
+    return (f"input length and max_tokens exceed context limit: {prompt_tokens} + {max_tokens} > {context_tokens} "
+            f"(this model's maximum context length is {context_tokens} tokens); lower max_tokens or shorten the "
+            "prompt")

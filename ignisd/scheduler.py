@@ -27,7 +27,7 @@ from ignisd.cache.manager import CacheManager
 from ignisd.eviction import BLOCKED, LOST, Evictions
 from ignisd.log import get_logger
 from ignisd.plan import DECODE, PREFILL, CaptureOp, ItemResult, PlanItem, RoundPlan
-from ignisd.request import DoneEvent, FinishReason, Priority, Request, TokenEvent
+from ignisd.request import DoneEvent, FinishReason, Priority, Request, TokenEvent, context_message
 from ignisd.reuse_report import is_short, queued_reuse_info, reuse_info
 from ignisd.sequence import AdmissionError, QueueFull, Sequence, SeqState
 from ignisd.traversal import plan_traversals
@@ -65,15 +65,14 @@ class Scheduler:
             raise AdmissionError("bad_request", "the prompt renders to no tokens", "prompt")
         bound = n + req.sampling.max_tokens
         if bound > self.context_tokens:
-            raise AdmissionError(
-                "context_length",
-                f"prompt ({n} tokens) + max_tokens ({req.sampling.max_tokens}) = {bound} exceeds the context of "
-                f"{self.context_tokens} tokens", "max_tokens")
+            raise AdmissionError("context_length", context_message(n, self.context_tokens, req.sampling.max_tokens),
+                                 "max_tokens")
         need = self.cache.pages_for(bound)
         if need > self.cache.pool.total:
             raise AdmissionError(
                 "context_length",
-                f"prompt + max_tokens needs {need} KV pages but the pool has {self.cache.pool.total} "
+                f"input length and max_tokens exceed context limit of the KV pool: prompt + max_tokens needs {need} "
+                f"KV pages but the pool has {self.cache.pool.total} "
                 f"({self.cache.pool.total * self.cache.page_tokens} tokens; raise vram.kv_pool_bytes)", "max_tokens")
 
     def submit(self, req: Request) -> None:

@@ -27,19 +27,22 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
                405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
                500: "server_error", 503: "server_error"}
 DONE_FRAME = b"data: [DONE]\n\n"
+CODES = {"context_length": "context_length_exceeded"}
+"""Wire codes OpenAI spells otherwise (its own ``code``; ``ignis.code`` keeps the wire's)."""
 
 
 def error(status: int, code: str, message: str, field: str | None) -> web.Response:
     """OpenAI's error object with `status`."""
     body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"), "param": field,
-                      "code": code, "ignis": {"code": code, "field": field}}}
+                      "code": CODES.get(code, code), "ignis": {"code": code, "field": field}}}
     return web.Response(body=dumps(body), status=status, content_type="application/json")
 
 
 def error_object(ev: EdgeError) -> dict:
     """An engine error inside a stream (after the response started): ``{"error": {...}}``."""
     status = STATUS.get(ev.code, 500)
-    return {"error": {"message": ev.message, "type": ERROR_TYPES[status], "param": ev.field, "code": ev.code}}
+    return {"error": {"message": ev.message, "type": ERROR_TYPES[status], "param": ev.field,
+                      "code": CODES.get(ev.code, ev.code)}}
 
 
 def usage_object(ev: EdgeDone) -> dict:

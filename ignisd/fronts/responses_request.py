@@ -194,7 +194,7 @@ def to_chat(body: dict) -> tuple[dict, list[str]]:
 
 
 def remap(e: P.ProtocolError, paths: list[str]) -> P.ProtocolError:
-    """`e` with a chat path rewritten as the Responses field (``messages[k]`` → its item, max_tokens →
-    max_output_tokens)."""
-    new = message_path(e.field, paths) or ("max_output_tokens" if e.field == "max_tokens" else None)
+    """`e` with a chat path rewritten as the Responses field (``messages[k]`` → its item, ``messages`` → input,
+    max_tokens → max_output_tokens)."""
+    new = message_path(e.field, paths) or {"max_tokens": "max_output_tokens", "messages": "input"}.get(e.field)
     return e if new is None else renamed(e, new)

@@ -126,6 +126,13 @@ def test_bad_bodies_and_refusals(http_llama):
     with pytest.raises(anthropic.BadRequestError) as e:
         c.messages.create(model="m", max_tokens=5000, messages=[{"role": "user", "content": "x"}])
     assert e.value.body["error"]["ignis"]["code"] == "context_length"
+    assert "exceed context limit" in e.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as e:    # the prompt alone: the words Claude Code compacts on
+        c.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "tide " * 1100}])
+    assert e.value.body["error"]["ignis"] == {"code": "context_length", "field": "messages"}
+    assert e.value.body["error"]["message"].startswith("prompt is too long: ")
+    assert " tokens > 1023 maximum (this model's maximum context length is 1024 tokens" in \
+        e.value.body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError):
         c.get("/v1/messages/nope", cast_to=object)
     r = http(http_addr(http_llama)).post("/v1/messages",                  # the Messages API requires max_tokens

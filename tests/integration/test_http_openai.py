@@ -118,7 +118,9 @@ def test_bad_bodies_get_the_socket_codes(http_llama):
         with pytest.raises(openai.BadRequestError) as e:
             c.chat.completions.create(model="m", **body)
         err = e.value.body
-        assert (e.value.status_code, err["code"], err["param"]) == (400, code, field), err
+        openai_code = {"context_length": "context_length_exceeded"}.get(code, code)     # OpenAI's own spelling
+        assert (e.value.status_code, err["code"], err["param"], err["ignis"]["code"]) == (400, openai_code, field,
+                                                                                            code), err
         assert err["message"] == want["error"]["message"]
     h = http(http_addr(d))
     r = h.post("/v1/chat/completions", content=b"{not json")
@@ -148,7 +150,12 @@ def test_an_engine_refusal_is_logged_and_counted_like_the_sockets(http_llama, st
     h = http(http_addr(d))
     before = _errors_counted(h, "context_length")
     r = h.post("/v1/chat/completions", json={"messages": [USER1], "max_tokens": 10_000_000, "stream": stream})
-    assert (r.status_code, r.json()["error"]["code"]) == (400, "context_length")
+    err = r.json()["error"]
+    assert (r.status_code, err["code"], err["ignis"]["code"]) == (400, "context_length_exceeded", "context_length")
+    # the phrases clients key their trim / compact on: OpenAI's (litellm) and Anthropic's; the context is 1,024
+    prompt = len(sock(d, {"op": "tokenize", "messages": [USER1]})["result"]["tokens"])
+    assert err["message"].startswith(f"input length and max_tokens exceed context limit: {prompt} + 10000000 > "
+                                     "1024 (this model's maximum context length is 1024 tokens)"), err
     assert _errors_counted(h, "context_length") == before + 1
     assert "error_reply http=400 code=context_length" in d.log()
     wait_idle(d)

@@ -152,3 +152,7 @@ def test_refusals_name_the_input_item(http_llama):
     assert (r.status_code, err["code"], err["param"]) == (400, "model_unsupported", "input[1].tool_calls")
     r = h.post("/v1/responses", json={"input": "hi", "tools": [SHELL]})
     assert (r.status_code, r.json()["error"]["param"]) == (400, "tools")
+    r = h.post("/v1/responses", json={"input": "tide " * 1100, "max_output_tokens": 4})      # over the 1,024 context
+    err = r.json()["error"]
+    assert (r.status_code, err["code"], err["param"]) == (400, "context_length_exceeded", "input"), err
+    assert err["message"].startswith("prompt is too long: ")
