@@ -237,7 +237,17 @@ class Edge:
             max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
             seed=s.seed, stop_token_ids=frozenset() if s.ignore_eos else frozenset(self.tok.stop_token_ids),
             logprobs=bool(op.logprobs), top_logprobs=op.top_logprobs or 0,
-            banned_token_ids=choice.banned, forced_token_ids=choice.forced)
+            banned_token_ids=choice.banned, forced_token_ids=choice.forced,
+            logit_bias=self._logit_bias(s.logit_bias), presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty)
+
+    def _logit_bias(self, bias: dict[int, float]) -> tuple[tuple[int, float], ...]:
+        """The request's logit_bias as (id, bias) pairs; a token id outside the vocabulary is refused naming it."""
+        for t in bias:
+            if t >= self.tok.vocab_size:
+                raise P.ProtocolError("bad_request", f"logit_bias.{t}: token id {t} is not in the vocabulary of "
+                                      f"{self.tok.vocab_size} tokens", f"logit_bias.{t}")
+        return tuple(sorted(bias.items()))
 
     def _generation(self, op, rid: str, prompt: Prompt, parser, fits: bool = True,
                     choice: ToolChoice = AUTO) -> Generation:

@@ -95,6 +95,7 @@ class PlanItem:
     start+1 … start+len, at most the prompt's end). captures: the CaptureOps to run after this item's pass (at most one
     on a hybrid, at the item's end; on an attention-only model in an exact format any capture point the item covers).
     force: the token this item's sample must be (the request's next forced token, sampling.forced_token_ids), or None.
+    generated: the tokens the sequence generated before this sample, when its sampling is penalized (else empty).
     """
 
     seq_id: str
@@ -110,6 +111,7 @@ class PlanItem:
     targets: tuple[int, ...] = ()
     captures: tuple[CaptureOp, ...] = ()
     force: int | None = None
+    generated: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

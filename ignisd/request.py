@@ -37,6 +37,8 @@ class SamplingParams:
     logprobs / top_logprobs: return the chosen token's log-probability and the K best alternatives (K ≤ 20).
     banned_token_ids: never sampled (their logits are −inf before the warpers). forced_token_ids: the first generated
     tokens, in order, taken instead of sampling (ignisd.text.tool_choice; logprobs still from the raw logits).
+    logit_bias: (token id, bias) pairs added to the logits; presence_penalty / frequency_penalty: OpenAI's penalties
+    on the tokens generated so far (ignisd.sampling.adjust_logits).
     """
 
     max_tokens: int
@@ -50,6 +52,14 @@ class SamplingParams:
     top_logprobs: int = 0
     banned_token_ids: frozenset[int] = frozenset()
     forced_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """The sampler needs the tokens generated so far (a presence or frequency penalty)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
     def greedy(self) -> bool:

@@ -17,7 +17,7 @@ from ignisd.cache import transfer
 from ignisd.cache.disk_format import PAYLOAD_ALIGN
 from ignisd.model.batch import ForwardBatch, SeqChunk
 from ignisd.plan import MOVE_TO_RAM, MOVE_TO_STAGE, ItemResult, PlanItem, RestoreOp, RoundPlan, RoundResult, TierMove
-from ignisd.sampling import make_generator, sample_row, token_logprobs
+from ignisd.sampling import adjust_logits, make_generator, sample_row, token_logprobs
 from ignisd.vocab import DEVICE, RAM
 
 
@@ -186,13 +186,7 @@ class Runner:
             gen = self._gens.get(it.seq_id)
             if gen is None:
                 gen = self._gens[it.seq_id] = make_generator(sp.seed)
-            if it.force is not None:
-                tok = it.force
-            elif sp.banned_token_ids:
-                tok = sample_row(last.index_fill(0, torch.tensor(sorted(sp.banned_token_ids)), float("-inf")), sp,
-                                 gen)
-            else:
-                tok = sample_row(last, sp, gen)
+            tok = it.force if it.force is not None else sample_row(adjust_logits(last, sp, it.generated), sp, gen)
             res.token_id = tok
             if sp.logprobs:
                 lp, tops, _ = token_logprobs(last.view(1, -1), torch.tensor([tok]), sp.top_logprobs)

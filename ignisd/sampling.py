@@ -21,6 +21,27 @@ def make_generator(seed: int | None) -> torch.Generator:
     return g
 
 
+def adjust_logits(logits: torch.Tensor, p: SamplingParams, generated=()) -> torch.Tensor:
+    """The logits the sampler draws from: `logits` ([V] float32 raw) with logit_bias added, OpenAI's penalties
+    applied over `generated` (the token ids generated so far) and banned tokens at -inf. The same tensor when
+    nothing applies, else a copy.
+
+    Penalties (OpenAI, "Frequency and presence penalties" in the API reference): logit[j] −= c[j]·frequency_penalty
+    + (c[j] > 0)·presence_penalty, c[j] the count of token j in `generated`."""
+    if not (p.logit_bias or p.banned_token_ids or (p.penalized and generated)):
+        return logits
+    out = logits.float().clone()
+    if p.logit_bias:
+        ids, bias = zip(*p.logit_bias)
+        out.index_add_(0, torch.tensor(ids), torch.tensor(bias, dtype=out.dtype))
+    if p.penalized and generated:
+        ids, counts = torch.unique(torch.tensor(generated), return_counts=True)
+        out.index_add_(0, ids, -(counts.to(out.dtype) * p.frequency_penalty + p.presence_penalty))
+    if p.banned_token_ids:
+        out.index_fill_(0, torch.tensor(sorted(p.banned_token_ids)), float("-inf"))
+    return out
+
+
 def warp_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """Apply temperature, top-k, top-p and min-p to one row of logits.
 

@@ -199,9 +199,10 @@ class Scheduler:
             targets = tuple(req.prompt_ids[start + 1:start + len(ids) + 1])
         forced = req.sampling.forced_token_ids
         force = forced[len(s.output)] if sample and len(s.output) < len(forced) else None
+        generated = tuple(s.output) if sample and req.sampling.penalized else ()
         return PlanItem(s.rid, start, tuple(ids), tuple(s.pages), s.slot,
                         PREFILL if s.state is SeqState.PREFILL else DECODE, logits, sample, req.sampling,
-                        req.prompt_logprobs, targets, captures, force)
+                        req.prompt_logprobs, targets, captures, force, generated)
 
     def schedule(self) -> RoundPlan:
         """Admit what fits, then plan one round: a decode token per decoding lane and whole prefill chunks up to the

@@ -227,6 +227,10 @@ def to_chat(body: dict, strip_billing: bool) -> tuple[dict, list[str]]:
         chat["tools"] = tools
     if (tc := _tool_choice(body.get("tool_choice"))) is not None:
         chat["tool_choice"] = tc
+    fmt = body.get("output_format") or ((body.get("output_config") or {}).get("format")
+                                        if isinstance(body.get("output_config"), dict) else None)
+    if isinstance(fmt, dict):             # structured output (json_schema): refused by the chat parse
+        chat["response_format"] = {"type": fmt.get("type")}
     kwargs = body.get("chat_template_kwargs")
     think = _thinking(body.get("thinking"))
     if think is not None:
@@ -242,5 +246,7 @@ def remap(e: P.ProtocolError, paths: list[str]) -> P.ProtocolError:
     if new is None:
         if e.field == "stop" or (e.field or "").startswith("stop["):
             e.field = "stop_sequences" + e.field[4:]
+        elif e.field == "response_format.type":
+            return renamed(e, "output_format.type")
         return e
     return renamed(e, new)

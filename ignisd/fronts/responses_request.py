@@ -17,7 +17,8 @@ its messages, the Responses path it came from (``instructions``, ``input[4]``) f
 * ``max_output_tokens`` → max_tokens; temperature, top_p, stream as they are; ``reasoning.effort`` none or minimal
   → the template's ``enable_thinking`` false; the ignis fields priority, cache_prompt, seed, top_k, min_p and
   chat_template_kwargs pass through. ``previous_response_id`` is refused: ignis keeps no response store. A
-  ``text.format`` other than text (structured output) is ignored with a log line.
+  ``text.format`` other than text (structured output) is the chat's ``response_format``, refused naming
+  ``text.format.type``.
 
 Raises ProtocolError naming the Responses field. †: imports no torch.
 """
@@ -182,8 +183,8 @@ def to_chat(body: dict) -> tuple[dict, list[str]]:
     if (tc := _tool_choice(body.get("tool_choice"))) is not None:
         chat["tool_choice"] = tc
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
-    if isinstance(fmt, dict) and fmt.get("type", "text") != "text":   # no constrained decoding in this build
-        log.info("text_format_ignored", api="responses", type=str(fmt.get("type"))[:64])
+    if isinstance(fmt, dict) and fmt.get("type", "text") != "text":   # structured output: refused by the chat parse
+        chat["response_format"] = {"type": fmt.get("type")}
     kwargs = body.get("chat_template_kwargs")
     effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
     if effort in ("none", "minimal"):
@@ -196,5 +197,6 @@ def to_chat(body: dict) -> tuple[dict, list[str]]:
 def remap(e: P.ProtocolError, paths: list[str]) -> P.ProtocolError:
     """`e` with a chat path rewritten as the Responses field (``messages[k]`` → its item, ``messages`` → input,
     max_tokens → max_output_tokens)."""
-    new = message_path(e.field, paths) or {"max_tokens": "max_output_tokens", "messages": "input"}.get(e.field)
+    new = message_path(e.field, paths) or {"max_tokens": "max_output_tokens", "messages": "input",
+                                           "response_format.type": "text.format.type"}.get(e.field)
     return e if new is None else renamed(e, new)

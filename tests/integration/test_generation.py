@@ -58,6 +58,24 @@ def test_seed_repeats_under_concurrency(tiny_daemon):
     tiny_daemon.wait_idle()
 
 
+def test_logit_bias_and_penalties_steer_the_daemons_sampling(tiny_daemon):
+    """logit_bias +100 on one token makes greedy decoding pick it every step; with a frequency penalty of 2 each
+    pick costs it 2 logits, so the same bias of 100 still wins (100 − 2·4 ≫ any other logit of the random model),
+    while a bias of −100 on the greedy reply's first token moves the first pick elsewhere. An id outside the
+    vocabulary is refused naming it."""
+    c = tiny_daemon.conn()
+    base = _completion("lb0", "Once upon a time", temperature=0, max_tokens=5, ignore_eos=True, logprobs=True)
+    first = c.request(base)["logprobs"][0]["token_id"]
+    for rid, extra in (("lb1", {}), ("lb2", {"frequency_penalty": 2.0, "presence_penalty": 1.0})):
+        r = c.request({**base, "id": rid, "logit_bias": {"321": 100}, **extra})
+        assert [e["token_id"] for e in r["logprobs"]] == [321] * 5, r
+    r = c.request({**base, "id": "lb3", "logit_bias": {str(first): -100}})
+    assert r["logprobs"][0]["token_id"] != first
+    r = c.request({**base, "id": "lb4", "logit_bias": {"99999999": 1}})
+    assert r["type"] == "error" and r["error"]["field"] == "logit_bias.99999999", r
+    c.close()
+
+
 def test_stop_string_cuts_text_exactly(tiny_daemon):
     c = tiny_daemon.conn()
     full = c.request(_completion("f", "Numbers:", temperature=0, max_tokens=30))

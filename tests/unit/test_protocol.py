@@ -280,7 +280,7 @@ def test_completion_errors(fields, path):
 
 def test_completion_parses():
     op = P.parse_request({"id": "k", "op": "completion", "prompt": [1, 0, 49151], "prompt_logprobs": 20,
-                          "max_tokens": 1, "temperature": 0.0, "stream": True, "echo": True})
+                          "max_tokens": 1, "temperature": 0.0, "stream": True, "echo": False, "user": "u1"})
     assert op == CompletionOp(id="k", prompt=[1, 0, 49151], sampling=Sampling(max_tokens=1, temperature=0.0),
                               stream=True, prompt_logprobs=20)
     op = P.parse_request({"id": "k", "op": "completion", "prompt": "Hello", "prompt_logprobs": 0})
