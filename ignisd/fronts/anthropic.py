@@ -27,7 +27,7 @@ from ignisd.edge import EdgeDelta, EdgeDone, EdgeError
 from ignisd.fronts.anthropic_request import remap, to_chat
 from ignisd.fronts.ndjson import reuse_object, timings_object
 from ignisd.fronts.openai import model_name
-from ignisd.fronts.sse import STATUS, answer, dumps, new_id, parse_op, read_json, sse_event
+from ignisd.fronts.sse import STATUS, answer, dumps, error_headers, new_id, parse_op, read_json, sse_event
 from ignisd.log import get_logger
 from ignisd.request import FinishReason
 
@@ -41,7 +41,7 @@ def error(status: int, code: str, message: str, field: str | None) -> web.Respon
     """Anthropic's error object with `status`."""
     body = {"type": "error", "error": {"type": ERROR_TYPES.get(status, "invalid_request_error"), "message": message,
                                        "ignis": {"code": code, "field": field}}}
-    return web.Response(body=dumps(body), status=status, content_type="application/json")
+    return web.Response(body=dumps(body), status=status, content_type="application/json", headers=error_headers(status))
 
 
 def usage_object(ev: EdgeDone) -> dict:

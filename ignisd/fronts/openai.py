@@ -21,7 +21,7 @@ from ignis_client import protocol as P
 
 from ignisd.edge import EdgeDelta, EdgeDone, EdgeError, TokenLogprob
 from ignisd.fronts.ndjson import reuse_object, timings_object, tool_call, tool_call_piece
-from ignisd.fronts.sse import STATUS, answer, dumps, new_id, parse_op, read_json, sse_data
+from ignisd.fronts.sse import STATUS, answer, dumps, error_headers, new_id, parse_op, read_json, sse_data
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
@@ -35,7 +35,7 @@ def error(status: int, code: str, message: str, field: str | None) -> web.Respon
     """OpenAI's error object with `status`."""
     body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"), "param": field,
                       "code": CODES.get(code, code), "ignis": {"code": code, "field": field}}}
-    return web.Response(body=dumps(body), status=status, content_type="application/json")
+    return web.Response(body=dumps(body), status=status, content_type="application/json", headers=error_headers(status))
 
 
 def error_object(ev: EdgeError) -> dict:

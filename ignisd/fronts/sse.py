@@ -35,6 +35,14 @@ STATUS = {"bad_json": 400, "bad_request": 400, "unknown_op": 400, "duplicate_id"
           "model_unsupported": 400, "auth": 401, "not_found": 404, "too_long": 413, "busy": 429, "internal": 500,
           "unavailable": 503}
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+RETRY_AFTER_S = 1
+"""Seconds a `busy` (429: the queue is full) or `unavailable` (503) answer asks the client to wait (Retry-After, which
+the OpenAI and Anthropic SDKs honour in their backoff)."""
+
+
+def error_headers(status: int) -> dict[str, str]:
+    """Headers of an error answer with `status`: Retry-After on 429 and 503."""
+    return {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else {}
 _runs: set[asyncio.Task] = set()   # runs whose client is gone still end normally: keep their tasks referenced
 
 

@@ -135,8 +135,12 @@ def test_stop_sequence_is_named(srv):
 def test_engine_refusals_keep_their_status(srv):
     s, engine = srv
     engine.error = ("busy", "256 requests waiting", None)
-    with pytest.raises(openai.RateLimitError):
+    with pytest.raises(openai.RateLimitError) as e:
         openai_client(s.addr).chat.completions.create(model="m", messages=USER)
+    assert e.value.response.headers["retry-after"] == "1"            # the SDKs' backoff reads it
+    with pytest.raises(anthropic.RateLimitError) as e:
+        anthropic_client(s.addr).messages.create(model="m", max_tokens=8, messages=USER)
+    assert e.value.response.headers["retry-after"] == "1"
     with pytest.raises(openai.RateLimitError):   # streamed: the refusal comes before the stream starts
         list(openai_client(s.addr).chat.completions.create(model="m", messages=USER, stream=True))
     engine.error = ("context_length", "prompt + max_tokens exceeds the context", "max_tokens")
