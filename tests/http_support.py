@@ -101,6 +101,8 @@ def sse(raw: bytes | str) -> list[tuple[str | None, object]]:
                 name = line[7:]
             elif line.startswith("data: "):
                 data.append(line[6:])
+        if not data:            # a comment frame (": keepalive"): no event, as the SSE format says
+            continue
         payload = "\n".join(data)
         out.append((name, payload if payload == "[DONE]" else orjson.loads(payload)))
     return out
@@ -114,6 +116,7 @@ class ScriptedEngine:
         self.tok = tok
         self.text, self.cached, self.error, self.finish = "", 0, None, FinishReason.STOP
         self.error_after: int | None = None   # tokens sent before `error` (None: the error comes first)
+        self.delay_s = 0.0                     # seconds before the first event (a long prefill)
         self.submitted, self.cancels = [], []
 
     def submit(self, req):
@@ -121,17 +124,20 @@ class ScriptedEngine:
         q = asyncio.Queue()
         ids = self.tok.encode(self.text)
         if self.error:
-            for t in ids[:self.error_after or 0]:
-                q.put_nowait(TokenEvent(req.rid, t))
-            q.put_nowait(ErrorEvent(req.rid, *self.error))
-            return q
-        for t in ids:
-            q.put_nowait(TokenEvent(req.rid, t))
-        n = len(req.prompt_ids)
-        reuse = ReuseInfo(tier="device", kind="checkpoint", cached_tokens=self.cached, reason=None) if self.cached \
-            else ReuseInfo()
-        q.put_nowait(DoneEvent(req.rid, self.finish, n, self.cached, n - self.cached, len(ids), 0.5, 2.0, 100.0,
-                               50.0, reuse=reuse))
+            events = [TokenEvent(req.rid, t) for t in ids[:self.error_after or 0]]
+            events.append(ErrorEvent(req.rid, *self.error))
+        else:
+            events = [TokenEvent(req.rid, t) for t in ids]
+            n = len(req.prompt_ids)
+            reuse = ReuseInfo(tier="device", kind="checkpoint", cached_tokens=self.cached, reason=None) \
+                if self.cached else ReuseInfo()
+            events.append(DoneEvent(req.rid, self.finish, n, self.cached, n - self.cached, len(ids), 0.5, 2.0, 100.0,
+                                    50.0, reuse=reuse))
+        if self.delay_s:
+            asyncio.get_running_loop().call_later(self.delay_s, lambda: [q.put_nowait(e) for e in events])
+        else:
+            for e in events:
+                q.put_nowait(e)
         return q
 
     def cancel(self, rid, reason=FinishReason.CANCELLED):

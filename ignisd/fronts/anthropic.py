@@ -93,6 +93,10 @@ class _Render:
         usage = {"input_tokens": n, "output_tokens": 0, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
         return sse_event("message_start", {"type": "message_start", "message": self._message([], None, None, usage)})
 
+    def keepalive(self) -> bytes:
+        """Anthropic's own keepalive, the ``ping`` event (its stream sends them too)."""
+        return sse_event("ping", {"type": "ping"})
+
     def _close(self) -> bytes:
         if self.open is None:
             return b""

@@ -13,8 +13,11 @@ that drops the connection (aiohttp cancels the handler, or a write fails) cancel
 ends normally (the `done` log line and metrics are emitted once, as on the socket). A streamed request waits up to
 ``FIRST_EVENT_WAIT_S`` for its first event before the response starts, so that an engine refusal (context_length,
 busy) gets its HTTP status (raised as HttpError, which the route's guard answers in the API's error shape, logged and
-counted as every refusal is); one that comes later is written into the stream in the API's error shape. †: imports no
-torch.
+counted as every refusal is); one that comes later is written into the stream in the API's error shape. A started
+stream that has had nothing to say for ``KEEPALIVE_S`` (a long prompt still prefilling, a queue) gets a keepalive
+frame, so proxies and clients with idle timeouts keep the connection: the renderer's ``keepalive() -> bytes`` when it
+has one (Anthropic's ``ping`` event), else an SSE comment line, which the SSE format (and the SDKs' parsers) ignore.
+†: imports no torch.
 """
 from __future__ import annotations
 
@@ -30,6 +33,9 @@ from ignisd.log import get_logger
 
 log = get_logger("srv")
 FIRST_EVENT_WAIT_S = 1.0
+KEEPALIVE_S = 10.0
+"""Seconds of silence in a started stream after which a keepalive frame is written."""
+KEEPALIVE_COMMENT = b": keepalive\n\n"
 # the wire error codes (DESIGN §5) as HTTP statuses; not_found / unavailable are HTTP-only
 STATUS = {"bad_json": 400, "bad_request": 400, "unknown_op": 400, "duplicate_id": 400, "context_length": 400,
           "model_unsupported": 400, "auth": 401, "not_found": 404, "too_long": 413, "busy": 429, "internal": 500,
@@ -166,8 +172,13 @@ async def answer(request: web.Request, edge: Edge, gen: Generation, r) -> web.St
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
         await resp.write(r.head())
+        keepalive = getattr(r, "keepalive", lambda: KEEPALIVE_COMMENT)
         while True:
-            ev = await run.next()
+            try:
+                ev = await asyncio.wait_for(run.next(), KEEPALIVE_S)    # a cancelled queue get loses no event
+            except TimeoutError:
+                await resp.write(keepalive())
+                continue
             if isinstance(ev, EdgeDelta):
                 out = r.delta(ev)
             elif isinstance(ev, EdgeDone):

@@ -65,6 +65,6 @@ def scripted(scripted_server):
     """scripted_server with the engine's script reset (no text, no error, finish stop) and its submits cleared."""
     srv, engine = scripted_server
     engine.text, engine.cached, engine.error, engine.finish = "", 0, None, FinishReason.STOP
-    engine.error_after = None
+    engine.error_after, engine.delay_s = None, 0.0
     engine.submitted.clear()
     return srv, engine

@@ -207,3 +207,24 @@ def test_health_is_503_until_the_model_is_loaded(tok):
         assert m.content[-1].text == "Hi"
     finally:
         s.close()
+
+
+def test_a_silent_stream_gets_keepalives_the_sdks_ignore(srv, monkeypatch):
+    """A stream that started and then waits (here 1.5 s before the first token, as behind a long prefill) writes a
+    keepalive every KEEPALIVE_S: Anthropic's `ping` event, an SSE comment line on OpenAI and Responses streams; the
+    SDKs' parsers take the reply as if none had been sent."""
+    from ignisd.fronts import sse as sse_mod
+    monkeypatch.setattr(sse_mod, "KEEPALIVE_S", 0.1)
+    s, engine = srv
+    engine.text, engine.delay_s = "</think>\n\nhello there", 1.5
+    h = http(s.addr)
+    raw = h.post("/v1/messages", json={"model": "m", "max_tokens": 8, "messages": USER, "stream": True}).text
+    names = [n for n, _ in sse(raw)]
+    assert names[0] == "message_start" and names[1] == "ping" and names.count("ping") >= 3, names
+    assert names.index("content_block_start") > names.index("ping")
+    raw = h.post("/v1/chat/completions", json={"model": "m", "messages": USER, "stream": True}).text
+    assert raw.count(": keepalive\n\n") >= 3 and raw.endswith("data: [DONE]\n\n")
+    chunks = list(openai_client(s.addr).chat.completions.create(model="m", messages=USER, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hello there"
+    with anthropic_client(s.addr).messages.stream(model="m", max_tokens=8, messages=USER) as st:
+        assert "".join(st.text_stream) == "hello there"
