@@ -23,6 +23,7 @@ import sys
 import time
 
 from .client import Client, DaemonNotRunning, IgnisError, ReplyTimeout
+from .framing import MAX_TIMEOUT_S
 from .status_view import render_status
 
 CLEAR = "\x1b[H\x1b[2J"      # cursor home + clear screen (ANSI), before each --watch redraw
@@ -33,7 +34,6 @@ CANCELLED_NOTE = ('ignis: the answer was cut short: the daemon cancelled it (fin
 
 
 COMMANDS = ("chat", "status", "metrics", "health", "lint")
-MAX_TIMEOUT_S = 10**9       # a socket timeout overflows time_t near 9.2e9 s; without --timeout the client waits
 
 
 def _timeout(text: str) -> float:
@@ -45,6 +45,17 @@ def _timeout(text: str) -> float:
     if not (0 < v <= MAX_TIMEOUT_S):
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:,} (leave "
                                          f"--timeout out to wait without a limit), got {text!r}")
+    return v
+
+
+def _prefill_rate(text: str) -> float:
+    """--prefill-rate: tokens/s, a finite number above 0 (argparse names the option and exits 2)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (0 < v < math.inf):
+        raise argparse.ArgumentTypeError(f"must be prefill tokens/s, a finite number above 0, got {text!r}")
     return v
 
 
@@ -80,7 +91,7 @@ def add_lint_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="JSON lines: OpenAI chat, Anthropic Messages or Responses bodies, or the daemon's "
                                  "request log (server.request_log)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--prefill-rate", type=float, default=None,
+    p.add_argument("--prefill-rate", type=_prefill_rate, default=None,
                    help="prefill tokens/s to price the lost tokens at (default: the daemon's measured rate)")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the causes (auto: when stdout is a terminal)")

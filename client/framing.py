@@ -85,8 +85,33 @@ def _messages(messages: Any) -> Any:
     return [{"role": "user", "content": messages}] if isinstance(messages, str) else messages
 
 
+MAX_TIMEOUT_S = 10**9       # a socket timeout overflows time_t near 9.2e9 s; None waits without a limit
+
+
+def check_timeout(timeout: Any) -> float | None:
+    """The client's reply timeout in seconds: None (no limit) or a real number above 0 and at most MAX_TIMEOUT_S.
+
+    Raises ValueError naming ``timeout`` and the limit otherwise (0, a negative, NaN, infinity, a bool, a string)."""
+    if timeout is None:
+        return None
+    ok = isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout <= MAX_TIMEOUT_S
+    if not ok:
+        raise ValueError(f"timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:,}, or None to wait "
+                         f"without a limit; got {timeout!r}")
+    return float(timeout)
+
+
+def check_max_line_bytes(n: Any) -> int:
+    """The longest request line the client sends, in bytes: an int of at least 1 (the daemon's own limit is
+    protocol.DEFAULT_MAX_LINE_BYTES unless its config says otherwise). Raises ValueError naming ``max_line_bytes``."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"max_line_bytes must be an int of at least 1 (bytes); got {n!r}")
+    return n
+
+
 class _Base:
     def __init__(self, socket_path: str | None, timeout: float | None, api_key: str | None, max_line_bytes: int):
+        timeout, max_line_bytes = check_timeout(timeout), check_max_line_bytes(max_line_bytes)
         self.socket_path = socket_path or resolve_socket_path()
         self.timeout, self.api_key, self.max_line_bytes = timeout, api_key, max_line_bytes
         self._ids = (f"{secrets.token_hex(3)}-{n}" for n in itertools.count(1))

@@ -230,9 +230,10 @@ def config_from_values(values: Mapping[str, Any], env: Mapping[str, str] | None 
                   reuse=ReuseConfig(**kw["reuse"]), server=ServerConfig(**kw["server"]), config_file=config_file)
 
 
-def config_from_toml(doc: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Config:
-    """Config from a TOML-shaped dict ({"server": {"lanes": 2}}), validated exactly like a --config file."""
-    return config_from_values(_toml_values(doc, "dict"), env)
+def config_from_toml(doc: Mapping[str, Any], env: Mapping[str, str] | None = None, source: str = "dict") -> Config:
+    """Config from a TOML-shaped dict ({"server": {"lanes": 2}}), validated exactly like a --config file; source
+    names where the dict came from in a ConfigError (a file's path)."""
+    return config_from_values(_toml_values(doc, source), env)
 
 
 def with_overrides(cfg: Config, **keys: Any) -> Config:

@@ -25,6 +25,9 @@ import sys
 import tomllib
 from pathlib import Path
 
+from .config import ServerConfig, config_from_toml
+from .config_keys import ConfigError
+
 UNITS_DIR = Path(__file__).resolve().parents[1] / "systemd"
 DEFAULT_CONFIG = "/etc/ignis/ignisd.toml"
 STOP_MARGIN_S = 30
@@ -42,31 +45,26 @@ def ignisd_path() -> str:
     raise FileNotFoundError("no ignisd command beside this Python or on $PATH; pass --ignisd PATH")
 
 
-def _config_values(config_text: str | None) -> dict:
+def _server_config(config_text: str | None, config_path: str) -> ServerConfig:
+    """The [server] settings of the configuration text, validated exactly as `ignisd serve --config` does (the
+    defaults when config_text is None). Raises ConfigError naming the key (or --config for invalid TOML)."""
     try:
-        return tomllib.loads(config_text).get("server", {}) if config_text else {}
-    except tomllib.TOMLDecodeError:
-        return {}
-
-
-def _seconds(v) -> float:
-    if isinstance(v, (int, float)):
-        return float(v)
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(v))
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)] if m else 30.0
+        doc = tomllib.loads(config_text) if config_text else {}
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("--config", config_path, "valid TOML", problem=f"invalid TOML ({e}) in") from None
+    return config_from_toml(doc, env={}, source=config_path).server
 
 
 def render_service(template: str, ignisd: str, config_path: str = DEFAULT_CONFIG,
                    config_text: str | None = None) -> str:
     """The service unit for `ignisd` (an absolute path) reading `config_path`; config_text: that file's content
-    (grace and listeners are read from it; None: the defaults)."""
-    server = _config_values(config_text)
+    (grace and listeners are read from it; None: the defaults). Raises ConfigError for a configuration the daemon
+    would refuse (the key named), so no unit is written that fails at its first start."""
+    server = _server_config(config_text, config_path)
     out = re.sub(r"^ExecStart=.*$", f"ExecStart={ignisd} serve --config {config_path}", template, flags=re.M)
-    grace = _seconds(server.get("shutdown_grace_s", 30))
-    stop = max(60, int(grace) + STOP_MARGIN_S)
+    stop = max(60, int(server.shutdown_grace_s) + STOP_MARGIN_S)
     out = re.sub(r"^TimeoutStopSec=.*$", f"TimeoutStopSec={stop}", out, flags=re.M)
-    tcp = [v for v in (server.get("http_listen"), server.get("metrics_listen"))
-           if isinstance(v, str) and v not in ("off", "") and not v.startswith("unix:")]
+    tcp = [v for v in (server.http_listen, server.metrics_listen) if v is not None and not v.startswith("unix:")]
     if tcp:
         out = re.sub(r"^RestrictAddressFamilies=.*$", "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6", out,
                      flags=re.M)
@@ -121,6 +119,9 @@ def main(argv: list[str]) -> int:
     except (OSError, FileNotFoundError) as e:
         print(f"ignisd install-unit: {e}", file=sys.stderr)
         return 1
+    except ConfigError as e:
+        print(f"ignisd install-unit: {e}", file=sys.stderr)
+        return 2
     for path in written:
         print(f"wrote {path}")
     if Path(args.root).resolve() == Path("/") and not args.no_reload:

@@ -51,6 +51,12 @@ def usage_object(ev: EdgeDone) -> dict:
             "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0}
 
 
+def tool_use_id(call_id: str) -> str:
+    """A tool call's id as Anthropic spells it (``toolu_`` + the call's 24 hex digits): the output parser names calls
+    OpenAI's way (``call_…``); clients that check the prefix, as Anthropic's own tooling does, see the right one."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
 def _input(arguments: str) -> dict:
     try:
         v = orjson.loads(arguments) if arguments.strip() else {}
@@ -125,7 +131,8 @@ class _Render:
             out += self._delta({"type": "text_delta", "text": ev.text})
         for p in ev.tool_calls or ():
             if p.id is not None:
-                out += self._start("tool_use", {"type": "tool_use", "id": p.id, "name": p.name, "input": {}})
+                out += self._start("tool_use", {"type": "tool_use", "id": tool_use_id(p.id), "name": p.name,
+                                                  "input": {}})
             if p.arguments:
                 out += self._delta({"type": "input_json_delta", "partial_json": p.arguments})
         return out
@@ -151,7 +158,8 @@ class _Render:
         if m.content:
             content.append({"type": "text", "text": m.content})
         for c in m.tool_calls or ():
-            content.append({"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)})
+            content.append({"type": "tool_use", "id": tool_use_id(c.id), "name": c.name,
+                            "input": _input(c.arguments)})
         stop_reason, stop_sequence = self._stop(ev)
         return {**self._message(content, stop_reason, stop_sequence, usage_object(ev)), "ignis": self._ignis(ev)}
 

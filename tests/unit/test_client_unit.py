@@ -336,6 +336,35 @@ def test_cli_timeout_must_be_positive_finite_seconds(bad, capsys):
                         f"1,000,000,000 (leave --timeout out to wait without a limit), got '{bad}'\n")
 
 
+@pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), 2e9, True, "5"])
+def test_client_timeout_is_checked_at_construction(bad):
+    # timeout=0 made the socket non-blocking (BlockingIOError on the first read), -1 a ValueError deep in
+    # socket.settimeout, "5" a TypeError there; all are refused when the client is made, naming the argument
+    for cls in (Client, AsyncClient):
+        with pytest.raises(ValueError) as e:
+            cls("/nonexistent/s.sock", timeout=bad)
+        assert str(e.value) == (f"timeout must be a number of seconds above 0 and at most 1,000,000,000, or None to "
+                                f"wait without a limit; got {bad!r}")
+    assert Client("/nonexistent/s.sock", timeout=None).timeout is None
+    assert Client("/nonexistent/s.sock", timeout=2).timeout == 2.0
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, "1024", False])
+def test_client_max_line_bytes_is_checked_at_construction(bad):
+    with pytest.raises(ValueError, match=r"^max_line_bytes must be an int of at least 1 \(bytes\); got "):
+        Client("/nonexistent/s.sock", max_line_bytes=bad)
+
+
+@pytest.mark.parametrize("bad", ["0", "-500", "inf", "nan", "fast"])
+def test_cli_prefill_rate_must_be_positive_finite(bad, capsys):
+    # a negative rate priced the lost tokens at negative seconds; argparse refuses it before any connection, exit 2
+    with pytest.raises(SystemExit) as e:
+        cli.main(["lint", "/nonexistent/trace.jsonl", "--prefill-rate", bad, "--socket", "/nonexistent/s.sock"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith(f"ignis lint: error: argument --prefill-rate: must be prefill tokens/s, "
+                                            f"a finite number above 0, got '{bad}'\n")
+
+
 def test_cli_reply_timeout_is_not_called_a_connection_failure(daemon, capsys):
     # "slow" answers after 0.3 s: the connection succeeds, the reply is late
     assert cli.main(["chat", "slow", "--timeout", "0.05", "--socket", daemon.path]) == 1

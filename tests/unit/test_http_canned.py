@@ -5,6 +5,7 @@ a real Unix socket; only the engine is scripted."""
 from __future__ import annotations
 
 import json
+import re
 
 import anthropic
 import openai
@@ -75,12 +76,14 @@ def test_anthropic_sdk_gets_the_tool_use_block(srv, text):
     kinds = [b.type for b in m.content]
     assert kinds == (["thinking", "text", "tool_use"] if text is AFTER_THINK else ["thinking", "tool_use"])
     use = m.content[-1]
-    assert (use.name, use.input) == ("get_weather", {"city": "Paris"}) and use.id.startswith("call_")
+    assert (use.name, use.input) == ("get_weather", {"city": "Paris"})
+    assert re.fullmatch(r"toolu_[0-9a-f]{24}", use.id), use.id        # Anthropic's spelling of a tool_use id
     assert m.content[0].thinking == text.split("\n")[0]
     with c.messages.stream(model="m", max_tokens=64, messages=msgs, tools=tools) as st:
         events = [e.type for e in st]
         final = st.get_final_message()
     assert [b.type for b in final.content] == kinds and final.content[-1].input == {"city": "Paris"}
+    assert re.fullmatch(r"toolu_[0-9a-f]{24}", final.content[-1].id) and final.content[-1].id != use.id
     assert final.stop_reason == "tool_use"
     assert events[0] == "message_start" and events[-1] == "message_stop"
     assert events.count("content_block_start") == events.count("content_block_stop") == len(kinds)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ignisd import install_unit as IU
+from ignisd.config_keys import ConfigError
 from ignisd.config import config_from_toml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,6 +73,36 @@ def test_render_follows_the_configuration():
     assert "TimeoutStopSec=150" in out and "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6" in out
     plain = IU.render_service(tpl, "/x/ignisd", config_text='[server]\nhttp_listen = "unix:/run/ignis/http.sock"\n')
     assert "TimeoutStopSec=60" in plain and "RestrictAddressFamilies=AF_UNIX\n" in plain
+
+
+def test_render_reads_the_configuration_as_serve_does():
+    # the grace is read by serve's own key parser: every spelling serve takes, and a value serve refuses is refused
+    # here too (a twin parser used to render such a file with the 30 s default, a unit whose daemon never starts)
+    tpl = (UNITS / "ignisd.service").read_text()
+    for grace, stop in (("90", 120), ("1.5m", 120), ("1h", 3630), (45, 75)):
+        text = f"[server]\nshutdown_grace_s = {grace!r}\n".replace("'", '"')
+        assert f"TimeoutStopSec={stop}\n" in IU.render_service(tpl, "/x/ignisd", config_text=text), grace
+    with pytest.raises(ConfigError) as e:
+        IU.render_service(tpl, "/x/ignisd", "/etc/ignis/ignisd.toml", '[server]\nshutdown_grace_s = "soon"\n')
+    assert str(e.value).startswith("server.shutdown_grace_s: invalid value 'soon' (from /etc/ignis/ignisd.toml)")
+    with pytest.raises(ConfigError, match=r"^server.lane: unknown key"):
+        IU.render_service(tpl, "/x/ignisd", config_text="[server]\nlane = 2\n")
+
+
+def test_install_unit_refuses_a_configuration_serve_would_refuse(tmp_path):
+    cfg = tmp_path / "etc/ignis/ignisd.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text('[server]\nhttp_listen = "localhost"\n')
+    r = subprocess.run([sys.executable, "-m", "ignisd", "install-unit", "--root", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("ignisd install-unit: server.http_listen: invalid value 'localhost' (from "
+                               "/etc/ignis/ignisd.toml); allowed: HOST:PORT")
+    assert not (tmp_path / "etc/systemd").exists() and r.stdout == ""
+    cfg.write_text("[server\n")
+    r = subprocess.run([sys.executable, "-m", "ignisd", "install-unit", "--root", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and "--config: invalid TOML" in r.stderr and "/etc/ignis/ignisd.toml" in r.stderr
 
 
 def test_install_unit_writes_the_files_and_keeps_an_existing_config(tmp_path):
