@@ -6,7 +6,9 @@ The reply is a ``response`` object whose ``output`` holds, in order, a ``reasoni
 call (``call_id``, ``name``, ``arguments`` JSON string); ``status`` completed, or incomplete
 (``incomplete_details.reason`` max_output_tokens) when the reply hit its token cap, or cancelled. Usage:
 ``{input_tokens, input_tokens_details: {cached_tokens}, output_tokens, output_tokens_details: {reasoning_tokens},
-total_tokens}`` (cached = the prompt tokens restored, DESIGN §4.7); ``ignis`` (reuse, timings) rides along.
+total_tokens}`` (cached = the prompt tokens restored, DESIGN §4.7; reasoning = the output tokens of the reasoning,
+``<think>`` / ``</think>`` included, a tool call made inside it not: ``ignisd.edge.Usage``); ``ignis`` (reuse,
+timings) rides along.
 
 Streamed, every event carries ``type`` and ``sequence_number``: ``response.created``, ``response.in_progress``; per
 item ``response.output_item.added`` … ``response.output_item.done``, with ``response.reasoning_text.delta`` / ``.done``
@@ -32,10 +34,10 @@ from ignisd.request import FinishReason
 
 
 def usage_object(ev: EdgeDone) -> dict:
-    """The Responses usage."""
+    """The Responses usage (token counts; reasoning_tokens: ignisd.edge.Usage, the ``</think>`` tag included)."""
     u = ev.usage
     return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
-            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
             "total_tokens": u.prompt_tokens + u.completion_tokens}
 
 
