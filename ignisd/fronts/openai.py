@@ -23,8 +23,11 @@ from ignis_client import protocol as P
 
 from ignisd.edge import EdgeDelta, EdgeDone, EdgeError, TokenLogprob
 from ignisd.fronts.ndjson import reuse_object, timings_object, tool_call, tool_call_piece
-from ignisd.fronts.sse import STATUS, answer, dumps, error_headers, new_id, parse_op, read_json, sse_data
+from ignisd.fronts.sse import (STATUS, answer, dumps, error_headers, new_id, parse_op, read_json, request_id,
+                               sse_data)
 
+ID_HEADER = "x-request-id"
+"""The reply header naming the request (OpenAI's; ignisd.fronts.sse.request_id)."""
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
                500: "server_error", 503: "server_error"}
@@ -177,10 +180,11 @@ class OpenAIFront:
 
     async def _generate(self, request: web.Request, op_name: str, prefix: str) -> web.StreamResponse:
         edge = self.http.edge
-        body = await read_json(request, self.http.max_body_bytes)
-        self.http.log_request("openai", request, body)
         cid = new_id(prefix)
-        op = parse_op(body, op_name, cid)
+        rid = request_id(request, cid, ID_HEADER)
+        body = await read_json(request, self.http.max_body_bytes)
+        self.http.log_request("openai", request, body, rid)
+        op = parse_op(body, op_name, rid)
         include_usage = _include_usage(body)
         chat = op_name == "chat"
         gen = edge.prepare_chat(op, "h:" + cid) if chat else edge.prepare_completion(op, "h:" + cid)

@@ -29,7 +29,7 @@ from ignisd.edge import EdgeDelta, EdgeDone, EdgeError
 from ignisd.fronts import openai
 from ignisd.fronts.ndjson import reuse_object, timings_object
 from ignisd.fronts.responses_request import remap, to_chat
-from ignisd.fronts.sse import answer, new_id, parse_op, read_json, sse_event
+from ignisd.fronts.sse import answer, new_id, parse_op, read_json, request_id, sse_event
 from ignisd.request import FinishReason
 
 
@@ -184,12 +184,13 @@ class ResponsesFront:
     async def responses(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/responses: the `chat` op, answered as a response object or its event stream."""
         edge = self.http.edge
+        resp_id = new_id("resp_")
+        rid = request_id(request, resp_id, openai.ID_HEADER)
         body = await read_json(request, self.http.max_body_bytes)
-        self.http.log_request("responses", request, body)
-        rid = new_id("resp_")
+        self.http.log_request("responses", request, body, rid)
         chat, paths = to_chat(body)
         try:
-            gen = edge.prepare_chat(parse_op(chat, "chat", rid), "h:" + rid)
+            gen = edge.prepare_chat(parse_op(chat, "chat", rid), "h:" + resp_id)
         except P.ProtocolError as e:
             raise remap(e, paths) from None
-        return await answer(request, edge, gen, _Render(rid, openai.model_name(body, edge), body))
+        return await answer(request, edge, gen, _Render(resp_id, openai.model_name(body, edge), body))
