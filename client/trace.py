@@ -4,7 +4,7 @@
 ``read_trace(path)`` → ``(entries, errors)``: one ``TraceEntry`` per usable line and one ``TraceError`` per line that
 cannot be used (lint reports it and goes on with the rest). A line is one of:
 
-* a request-log line ``{"ts", "front": "socket" | "openai" | "anthropic" | "responses", "path"?, "body"}``: the
+* a request-log line ``{"ts", "front": "socket" | "openai" | "anthropic" | "responses", "path"?, "id"?, "body"}``: the
   body's shape is the front's (a socket body is an OpenAI-shaped chat op body; ``completion`` bodies, which have a
   ``prompt`` and no messages, are skipped with a note);
 * a bare body, whose shape is detected (``detect_shape``): ``responses`` (``input`` or ``instructions``, no

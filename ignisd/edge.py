@@ -25,7 +25,7 @@ from ignisd.log import get_logger
 from ignisd.prompt import Prompt, Prompts, Reuse
 from ignisd.request import (DoneEvent, ErrorEvent, FinishReason, Priority, Request, ReuseInfo, SamplingParams,
                             TokenEvent, context_message)
-from ignisd.text.output_parser import OutputParser, make_output_parser, prompt_starts_in_reasoning
+from ignisd.text.output_parser import OutputParser, count_in_spans, make_output_parser, prompt_starts_in_reasoning
 from ignisd.text.tool_choice import AUTO, ToolChoice, resolve_tool_choice
 from ignisd.text.stream import StreamDecoder
 
@@ -95,11 +95,15 @@ class EdgeDelta:
 
 @dataclass(frozen=True)
 class Usage:
-    """Token counts of a finished request (DESIGN §4.7): cached_tokens are the prompt tokens restored."""
+    """Token counts of a finished request (DESIGN §4.7): cached_tokens are the prompt tokens restored;
+    reasoning_tokens, of the completion_tokens, those whose text starts in the reply's reasoning as the chat output
+    parser splits it (``ParsedOutput.reasoning_spans``: the ``<think>``…``</think>`` block, its tags included, a tool
+    call made inside it not); 0 for a completion and for models without reasoning."""
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    reasoning_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -291,6 +295,7 @@ class Edge:
         req, decoder = gen.request, gen.decoder
         queue = self.engine.submit(req)
         consumed = 0
+        starts: list[int] = []     # per consumed token: where its text starts in decoder.text (chat only)
         logprobs: list[TokenLogprob] = []
         pending: list[TokenLogprob] = []
         while True:
@@ -304,6 +309,8 @@ class Edge:
             if gen.stop_hit:
                 continue
             consumed += 1
+            if gen.parser is not None:
+                starts.append(decoder.decoded_chars)
             piece = decoder.push(ev.token_id)
             if gen.logprobs:
                 entry = self._logprob(ev)
@@ -322,9 +329,9 @@ class Edge:
             delta = self._delta(gen, tail, [], final=True)
             if delta is not None:
                 yield delta
-        yield self._done(gen, ev, consumed, logprobs)
+        yield self._done(gen, ev, consumed, logprobs, starts)
 
-    def _done(self, gen: Generation, ev: DoneEvent, consumed: int, logprobs: list) -> EdgeDone:
+    def _done(self, gen: Generation, ev: DoneEvent, consumed: int, logprobs: list, starts: list[int]) -> EdgeDone:
         parser = gen.parser
         if parser is not None and not gen.stream:
             parser.feed(gen.decoder.text)
@@ -343,7 +350,8 @@ class Edge:
                  prefilled=ev.prefilled_tokens, generated=generated, tier=reuse.tier, kind=reuse.kind,
                  reason=reuse.reason, ttft_ms=f"{ev.ttft_ms:.1f}", tok_s=f"{ev.decode_tokens_per_s:.1f}",
                  finish=finish.value)
-        return EdgeDone(gen.decoder.text, finish, Usage(ev.prompt_tokens, generated, ev.cached_tokens),
+        reasoning = count_in_spans(starts, parsed.reasoning_spans) if parsed is not None else 0
+        return EdgeDone(gen.decoder.text, finish, Usage(ev.prompt_tokens, generated, ev.cached_tokens, reasoning),
                         Timings(ev.queue_ms, 0.0, ev.ttft_ms, ev.prefill_tokens_per_s, ev.decode_tokens_per_s),
                         reuse, message, tuple(logprobs) if gen.logprobs else None, ev.prompt_logprobs)
 

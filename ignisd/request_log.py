@@ -2,11 +2,13 @@
 as the daemon received it, one JSON line each, for ``ignis lint`` / ``ignisd lint``. †: imports no torch.
 
 Line shape: ``{"ts": unix seconds (float), "front": "socket" | "openai" | "anthropic" | "responses", "path": the
-HTTP route (HTTP fronts only), "body": the request body}`` — for the socket the request line without its ``id`` and
-``api_key``, for HTTP the body as posted (an ``api_key`` field is dropped there too). Bodies hold whole prompts, so
-the file is created mode 0600 (and chmod'ed to it when it existed), and it is size-capped: a write that would take
-the file past ``max_bytes`` first rotates it (``PATH`` → ``PATH.1`` → ``PATH.2``; three files kept, the oldest
-dropped). A single line longer than the cap is still written whole, into a fresh file.
+HTTP route (HTTP fronts only), "id": the request's id (HTTP fronts only: the id of its ``done`` log line and of its
+replies' ``x-request-id`` / ``request-id`` header), "body": the request body}`` — for the socket the request
+line without its ``id`` and ``api_key``, for HTTP the body as posted (an ``api_key`` field is dropped there too).
+Bodies hold whole prompts, so the file is created mode 0600 (and chmod'ed to it when it existed), and it is
+size-capped: a write that would take the file past ``max_bytes`` first rotates it (``PATH`` → ``PATH.1`` →
+``PATH.2``; three files kept, the oldest dropped). A single line longer than the cap is still written whole, into a
+fresh file.
 
 Off the hot path: ``record`` only puts the line on a queue (never blocks the event loop); one daemon thread
 serialises and writes. A write error is logged once per distinct error and the line dropped; the daemon goes on.
@@ -52,12 +54,15 @@ class RequestLog:
         os.fchmod(fd, 0o600)
         return fd
 
-    def record(self, front: str, body: dict, path: str | None = None) -> None:
-        """Queue one request (front: one of FRONTS; body: the request body; path: the HTTP route). Returns at once;
-        the body must not be modified afterwards (it is serialised later, in the writer thread)."""
+    def record(self, front: str, body: dict, path: str | None = None, rid: str | None = None) -> None:
+        """Queue one request (front: one of FRONTS; body: the request body; path: the HTTP route; rid: the request's
+        id). Returns at once; the body must not be modified afterwards (it is serialised later, in the writer
+        thread)."""
         entry = {"ts": round(time.time(), 3), "front": front}
         if path is not None:
             entry["path"] = path
+        if rid is not None:
+            entry["id"] = rid
         entry["body"] = body
         self._q.put(entry)
 

@@ -27,7 +27,8 @@ from ignisd.edge import EdgeDelta, EdgeDone, EdgeError
 from ignisd.fronts.anthropic_request import remap, to_chat
 from ignisd.fronts.ndjson import reuse_object, timings_object
 from ignisd.fronts.openai import model_name
-from ignisd.fronts.sse import STATUS, answer, dumps, error_headers, new_id, parse_op, read_json, sse_event
+from ignisd.fronts.sse import (STATUS, answer, dumps, error_headers, new_id, parse_op, read_json, request_id,
+                               sse_event)
 from ignisd.log import get_logger
 from ignisd.request import FinishReason
 
@@ -35,6 +36,8 @@ log = get_logger("srv")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
                503: "overloaded_error"}
+ID_HEADER = "request-id"
+"""The reply header naming the request (Anthropic's; ignisd.fronts.sse.request_id)."""
 
 
 def error(status: int, code: str, message: str, field: str | None) -> web.Response:
@@ -187,8 +190,9 @@ class AnthropicFront:
         """POST /v1/messages: the `chat` op, answered as a message or its event stream."""
         edge = self.http.edge
         mid = new_id("msg_")
-        body, op, paths = await self._chat(request, "chat", mid)
-        self.http.log_request("anthropic", request, body)
+        rid = request_id(request, mid, ID_HEADER)
+        body, op, paths = await self._chat(request, "chat", rid)
+        self.http.log_request("anthropic", request, body, rid)
         try:
             gen = edge.prepare_chat(op, "h:" + mid)
         except P.ProtocolError as e:
@@ -197,7 +201,7 @@ class AnthropicFront:
 
     async def count_tokens(self, request: web.Request) -> web.Response:
         """POST /v1/messages/count_tokens: the rendered prompt's token count, as the `tokenize` op counts it."""
-        _, op, paths = await self._chat(request, "tokenize", new_id("count_"))
+        _, op, paths = await self._chat(request, "tokenize", request_id(request, new_id("count_"), ID_HEADER))
         try:
             n = len(self.http.edge.tokenize(op)["tokens"])
         except P.ProtocolError as e:

@@ -9,6 +9,11 @@ loaded, 503 with the reason when the daemon's health says it is not ok, else 200
 under ``/ignis/`` (``ignisd.fronts.playground``). An unknown path is 404 in the error shape of the API its
 path belongs to (Anthropic's under ``/v1/messages``, OpenAI's elsewhere).
 
+Request ids: every reply to a generation request (and to count_tokens) carries its id, ``x-request-id`` on the
+OpenAI and Responses routes, ``request-id`` on Anthropic's, refusals after the front named the request included
+(``ignisd.fronts.sse.request_id``); the ``error_reply`` log line names it too. A refusal before that (auth, loading,
+an unknown path) and the other routes have none.
+
 Auth: with server.api_key_file set, every route but ``/health`` needs the key, as ``Authorization: Bearer KEY``
 (OpenAI) or ``x-api-key: KEY`` (Anthropic; either header is taken on every route), compared in constant time; a
 wrong or missing key is 401 in the route's error shape. The listener starts before the model loads (`attach` hands
@@ -23,7 +28,7 @@ from aiohttp import web
 from ignis_client import protocol as P
 
 from ignisd.fronts import anthropic, openai, playground, responses
-from ignisd.fronts.sse import STATUS, HttpError
+from ignisd.fronts.sse import STATUS, HttpError, id_headers, id_of
 from ignisd.log import get_logger
 from ignisd.preflight import StartupError
 from ignisd.unix_socket import prepare_socket
@@ -90,19 +95,26 @@ class HttpFront:
                 ready = getattr(self.edge, "ready", None)
                 if ready is not None and not light:
                     await ready()               # an idle-unloaded model loads again for this request
-                return await fn(request)
+                reply = await fn(request)
             except HttpError as e:
-                return self.refuse(error, e.status, e.code, e.message, e.field)
+                reply = self.refuse(error, e.status, e.code, e.message, e.field, id_of(request))
             except P.ProtocolError as e:
-                return self.refuse(error, STATUS.get(e.code, 400), e.code, e.message, e.field)
+                reply = self.refuse(error, STATUS.get(e.code, 400), e.code, e.message, e.field, id_of(request))
             except Exception as e:  # the daemon stays up; the client learns what broke
-                log.error("op_failed", path=request.path, error=repr(e))
-                return self.refuse(error, 500, "internal", f"{type(e).__name__}: {e}", None)
+                rid = id_of(request)
+                log.error("op_failed", path=request.path, **({"id": rid} if rid is not None else {}), error=repr(e))
+                reply = self.refuse(error, 500, "internal", f"{type(e).__name__}: {e}", None, rid)
+            if not reply.prepared:                  # a started stream sent its headers already (sse.answer)
+                reply.headers.update(id_headers(request))
+            return reply
         return handler
 
-    def refuse(self, error, status: int, code: str, message: str, field: str | None) -> web.Response:
-        """The error response `error(status, code, message, field)`, logged and counted as the socket's are."""
-        log.info("error_reply", http=status, code=code, field=field, message=message[:200])
+    def refuse(self, error, status: int, code: str, message: str, field: str | None,
+               rid: str | None = None) -> web.Response:
+        """The error response `error(status, code, message, field)`, logged and counted as the socket's are; the log
+        line names the request's id `rid` when it has one (ignisd.fronts.sse.request_id)."""
+        named = {"id": rid} if rid is not None else {}
+        log.info("error_reply", http=status, code=code, **named, field=field, message=message[:200])
         if self.metrics is not None and code in P.ERROR_CODES:
             self.metrics.error_sent(code)
         return error(status, code, message, field)
@@ -133,11 +145,11 @@ class HttpFront:
             raise P.ProtocolError("auth", "missing or wrong API key (Authorization: Bearer KEY or x-api-key: KEY)",
                                   "api_key")
 
-    def log_request(self, front: str, request: web.Request, body: dict) -> None:
-        """Record a generation request's `body` (front: openai, anthropic or responses) in the request log, when
-        one is configured. Never blocks (RequestLog.record)."""
+    def log_request(self, front: str, request: web.Request, body: dict, rid: str | None = None) -> None:
+        """Record a generation request's `body` (front: openai, anthropic or responses) and its id `rid` in the
+        request log, when one is configured. Never blocks (RequestLog.record)."""
         if self.request_log is not None:
-            self.request_log.record(front, body, request.path)
+            self.request_log.record(front, body, request.path, rid)
 
     # ---- health and metrics ----
     def _loading(self) -> bool:

@@ -4,7 +4,9 @@ fronts).
 The bodies are the socket's `chat` and `completion` ops (the same parser, fields, checks and error codes), answered
 in OpenAI's shapes: ``chat.completion`` / ``text_completion`` objects, or server-sent events (``data: {chunk}``
 frames, then ``data: [DONE]``). Usage is ``{prompt_tokens, completion_tokens, total_tokens,
-prompt_tokens_details: {cached_tokens}}`` (cached = prompt tokens restored, DESIGN §4.7); a stream carries it in a last
+prompt_tokens_details: {cached_tokens}}`` (cached = prompt tokens restored, DESIGN §4.7), for chat also
+``completion_tokens_details: {reasoning_tokens}`` (the completion tokens of the reasoning, ``<think>`` / ``</think>``
+included, a tool call made inside it not: ``ignisd.edge.Usage``); a stream carries it in a last
 chunk with empty ``choices`` when ``stream_options.include_usage`` is true. Each reply carries the ``ignis`` object
 (``reuse``, ``timings``; on a stream, on the chunk with the finish_reason). Chat replies carry parsed ``tool_calls``
 and ``reasoning_content``; finish_reason is ``stop`` | ``length`` | ``tool_calls`` | ``cancelled``.
@@ -21,8 +23,11 @@ from ignis_client import protocol as P
 
 from ignisd.edge import EdgeDelta, EdgeDone, EdgeError, TokenLogprob
 from ignisd.fronts.ndjson import reuse_object, timings_object, tool_call, tool_call_piece
-from ignisd.fronts.sse import STATUS, answer, dumps, error_headers, new_id, parse_op, read_json, sse_data
+from ignisd.fronts.sse import (STATUS, answer, dumps, error_headers, new_id, parse_op, read_json, request_id,
+                               sse_data)
 
+ID_HEADER = "x-request-id"
+"""The reply header naming the request (OpenAI's; ignisd.fronts.sse.request_id)."""
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
                500: "server_error", 503: "server_error"}
@@ -45,10 +50,15 @@ def error_object(ev: EdgeError) -> dict:
                       "code": CODES.get(ev.code, ev.code)}}
 
 
-def usage_object(ev: EdgeDone) -> dict:
-    """OpenAI's usage with prompt_tokens_details.cached_tokens."""
+def usage_object(ev: EdgeDone, chat: bool = False) -> dict:
+    """OpenAI's usage (token counts) with prompt_tokens_details.cached_tokens; a chat reply's also with
+    completion_tokens_details.reasoning_tokens (the completion tokens of the reasoning, ``</think>`` included:
+    ignisd.edge.Usage)."""
     u = ev.usage
-    return P.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
+    out = P.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
+    if chat:
+        out["completion_tokens_details"] = {"reasoning_tokens": u.reasoning_tokens}
+    return out
 
 
 def ignis_object(ev: EdgeDone) -> dict:
@@ -139,7 +149,7 @@ class _Render:
             {"index": 0, "text": "", "logprobs": None, "finish_reason": finish}
         out = self._chunk(choice, ignis=ignis_object(ev))
         if self.include_usage:
-            out += self._chunk(None, usage=usage_object(ev))
+            out += self._chunk(None, usage=usage_object(ev, self.is_chat))
         return out + DONE_FRAME
 
     def fail(self, ev: EdgeError) -> bytes:
@@ -159,7 +169,7 @@ class _Render:
             if ev.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = ev.prompt_logprobs
         return {"id": self.cid, "object": self.object, "created": self.created, "model": self.model,
-                "choices": [choice], "usage": usage_object(ev), "ignis": ignis_object(ev)}
+                "choices": [choice], "usage": usage_object(ev, self.is_chat), "ignis": ignis_object(ev)}
 
 
 class OpenAIFront:
@@ -170,10 +180,11 @@ class OpenAIFront:
 
     async def _generate(self, request: web.Request, op_name: str, prefix: str) -> web.StreamResponse:
         edge = self.http.edge
-        body = await read_json(request, self.http.max_body_bytes)
-        self.http.log_request("openai", request, body)
         cid = new_id(prefix)
-        op = parse_op(body, op_name, cid)
+        rid = request_id(request, cid, ID_HEADER)
+        body = await read_json(request, self.http.max_body_bytes)
+        self.http.log_request("openai", request, body, rid)
+        op = parse_op(body, op_name, rid)
         include_usage = _include_usage(body)
         chat = op_name == "chat"
         gen = edge.prepare_chat(op, "h:" + cid) if chat else edge.prepare_completion(op, "h:" + cid)

@@ -6,7 +6,9 @@ The reply is a ``response`` object whose ``output`` holds, in order, a ``reasoni
 call (``call_id``, ``name``, ``arguments`` JSON string); ``status`` completed, or incomplete
 (``incomplete_details.reason`` max_output_tokens) when the reply hit its token cap, or cancelled. Usage:
 ``{input_tokens, input_tokens_details: {cached_tokens}, output_tokens, output_tokens_details: {reasoning_tokens},
-total_tokens}`` (cached = the prompt tokens restored, DESIGN §4.7); ``ignis`` (reuse, timings) rides along.
+total_tokens}`` (cached = the prompt tokens restored, DESIGN §4.7; reasoning = the output tokens of the reasoning,
+``<think>`` / ``</think>`` included, a tool call made inside it not: ``ignisd.edge.Usage``); ``ignis`` (reuse,
+timings) rides along.
 
 Streamed, every event carries ``type`` and ``sequence_number``: ``response.created``, ``response.in_progress``; per
 item ``response.output_item.added`` … ``response.output_item.done``, with ``response.reasoning_text.delta`` / ``.done``
@@ -27,15 +29,15 @@ from ignisd.edge import EdgeDelta, EdgeDone, EdgeError
 from ignisd.fronts import openai
 from ignisd.fronts.ndjson import reuse_object, timings_object
 from ignisd.fronts.responses_request import remap, to_chat
-from ignisd.fronts.sse import answer, new_id, parse_op, read_json, sse_event
+from ignisd.fronts.sse import answer, new_id, parse_op, read_json, request_id, sse_event
 from ignisd.request import FinishReason
 
 
 def usage_object(ev: EdgeDone) -> dict:
-    """The Responses usage."""
+    """The Responses usage (token counts; reasoning_tokens: ignisd.edge.Usage, the ``</think>`` tag included)."""
     u = ev.usage
     return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
-            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
             "total_tokens": u.prompt_tokens + u.completion_tokens}
 
 
@@ -182,12 +184,13 @@ class ResponsesFront:
     async def responses(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/responses: the `chat` op, answered as a response object or its event stream."""
         edge = self.http.edge
+        resp_id = new_id("resp_")
+        rid = request_id(request, resp_id, openai.ID_HEADER)
         body = await read_json(request, self.http.max_body_bytes)
-        self.http.log_request("responses", request, body)
-        rid = new_id("resp_")
+        self.http.log_request("responses", request, body, rid)
         chat, paths = to_chat(body)
         try:
-            gen = edge.prepare_chat(parse_op(chat, "chat", rid), "h:" + rid)
+            gen = edge.prepare_chat(parse_op(chat, "chat", rid), "h:" + resp_id)
         except P.ProtocolError as e:
             raise remap(e, paths) from None
-        return await answer(request, edge, gen, _Render(rid, openai.model_name(body, edge), body))
+        return await answer(request, edge, gen, _Render(resp_id, openai.model_name(body, edge), body))

@@ -17,6 +17,15 @@ counted as every refusal is); one that comes later is written into the stream in
 stream that has had nothing to say for ``KEEPALIVE_S`` (a long prompt still prefilling, a queue) gets a keepalive
 frame, so proxies and clients with idle timeouts keep the connection: the renderer's ``keepalive() -> bytes`` when it
 has one (Anthropic's ``ping`` event), else an SSE comment line, which the SSE format (and the SDKs' parsers) ignore.
+
+Request ids: a front names each generation request (``request_id``) before it reads the body: the client's
+``X-Request-Id`` (vLLM takes it as the request's id too) when it is 1 to 128 printable ASCII characters, any other
+value being ignored; else the id the daemon made for the reply body (``chatcmpl-…``, ``cmpl-…``, ``resp_…``,
+``msg_…``), which the body keeps either way. That id is the op's id, so the ``done`` log line (and ``op_failed``,
+``http_client_gone``, ``error_reply``) and the request log name it, and every reply to the request carries it in the
+front's header (``x-request-id`` on OpenAI and Responses, ``request-id`` on Anthropic), streamed or not, refusals
+included (``id_headers``: ``answer`` puts it on what it sends, the route's guard on every other reply). The engine's
+key stays ``h:`` + the body's id, unique whatever the client sends.
 †: imports no torch.
 """
 from __future__ import annotations
@@ -46,9 +55,47 @@ RETRY_AFTER_S = 1
 the OpenAI and Anthropic SDKs honour in their backoff)."""
 
 
+CLIENT_ID_HEADER = "X-Request-Id"
+"""The request header a client may name its request with (see the module docstring)."""
+# where request_id keeps (header, id) on the aiohttp request: a typed key where aiohttp has web.RequestKey (recent
+# releases warn on a str key; pyproject's floor, 3.10, has none)
+_ID_KEY = web.RequestKey("ignis_request_id", tuple) if hasattr(web, "RequestKey") else "ignis_request_id"
+
+
 def error_headers(status: int) -> dict[str, str]:
     """Headers of an error answer with `status`: Retry-After on 429 and 503."""
     return {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else {}
+
+
+def client_request_id(request: web.Request) -> str | None:
+    """The client's ``X-Request-Id`` when it is 1 to P.MAX_ID_CHARS (128) printable ASCII characters (space to
+    ``~``), else None: an absent, empty, longer or non-ASCII value is ignored."""
+    v = request.headers.get(CLIENT_ID_HEADER)
+    if v is None or not 1 <= len(v) <= P.MAX_ID_CHARS or not all(" " <= c <= "~" for c in v):
+        return None
+    return v
+
+
+def request_id(request: web.Request, made: str, header: str) -> str:
+    """Name `request`: the client's valid X-Request-Id (client_request_id), else `made` (the daemon's id of the
+    reply). Every reply to it then carries ``header: id`` (id_headers). Returns the id."""
+    rid = client_request_id(request) or made
+    request[_ID_KEY] = (header, rid)
+    return rid
+
+
+def id_of(request: web.Request) -> str | None:
+    """The id `request_id` gave `request`, or None (a route that names none, or a refusal before it did)."""
+    got = request.get(_ID_KEY)
+    return got[1] if got else None
+
+
+def id_headers(request: web.Request) -> dict[str, str]:
+    """``{header: id}`` of a request named by `request_id`, else {}."""
+    got = request.get(_ID_KEY)
+    return {got[0]: got[1]} if got else {}
+
+
 _runs: set[asyncio.Task] = set()   # runs whose client is gone still end normally: keep their tasks referenced
 
 
@@ -158,7 +205,8 @@ async def answer(request: web.Request, edge: Edge, gen: Generation, r) -> web.St
             ev = await run.next()
             if isinstance(ev, EdgeError):        # refused by the edge: HttpFront logs and counts it (refuse)
                 raise HttpError(STATUS.get(ev.code, 500), ev.code, ev.message, ev.field)
-            return web.Response(body=dumps(r.final(ev)), content_type="application/json")
+            return web.Response(body=dumps(r.final(ev)), content_type="application/json",
+                                headers=id_headers(request))
         if not run.started.is_set():
             try:
                 async with asyncio.timeout(FIRST_EVENT_WAIT_S):
@@ -169,7 +217,7 @@ async def answer(request: web.Request, edge: Edge, gen: Generation, r) -> web.St
         if isinstance(first, EdgeError):
             await run.next()
             raise HttpError(STATUS.get(first.code, 500), first.code, first.message, first.field)
-        resp = web.StreamResponse(headers=SSE_HEADERS)
+        resp = web.StreamResponse(headers={**SSE_HEADERS, **id_headers(request)})
         await resp.prepare(request)
         await resp.write(r.head())
         keepalive = getattr(r, "keepalive", lambda: KEEPALIVE_COMMENT)

@@ -23,6 +23,13 @@ For the Qwen families the reply is split in regions:
   call falls back to text of the region it was in (its raw text, ``<tool_call>`` included).
 * Content: the rest, concatenated.
 
+``ParsedOutput.reasoning_spans`` are the character spans ``[start, end)`` of the reasoning in the text fed (the
+concatenation of the pieces): from the start of the reply, or from a ``<think>`` that opens it, through its
+``</think>`` (both tags included: they are hidden output of the reasoning, as OpenAI counts reasoning tokens), to
+the end when unclosed; a tool call made inside the reasoning (``<tool_call>`` through ``</tool_call>``) is not in
+them, it is visible output. ``count_in_spans`` counts the generated tokens whose text starts inside them: the
+``reasoning_tokens`` of the usage objects.
+
 ``reasoning_content`` and ``content`` are trimmed of whitespace at both ends (the chat template trims both when
 it renders the turn back), so the separators around ``</think>`` and tool calls disappear. Streaming holds back
 any text that could be the start of ``<think>``, ``</think>`` or ``<tool_call>``, and trailing whitespace, until
@@ -129,12 +136,15 @@ class ParsedOutput:
         reasoning_content: the thinking; None when empty.
         tool_calls: ``[{"id", "type": "function", "function": {"name", "arguments": JSON string}}]`` or None.
         delta: the last delta (text held back until the end: a possible tag start, a cut-off call), {} if none.
+        reasoning_spans: character spans ``[start, end)`` of the reasoning in the text fed, in order and disjoint
+            (see the module docstring); () when the reply has no reasoning.
     """
 
     content: str | None
     reasoning_content: str | None
     tool_calls: list[dict] | None
     delta: dict = field(default_factory=dict)
+    reasoning_spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def has_tool_calls(self) -> bool:
@@ -175,6 +185,24 @@ class OutputParser:
         self._calls: list[dict] = []
         self._n_indices = 0
         self._result: ParsedOutput | None = None
+        self._fed = 0                   # characters fed so far; the unparsed ``_buf`` is always their suffix
+        self._spans: list[tuple[int, int]] = []   # closed reasoning spans
+        self._span_from: int | None = None        # start of the open one
+        self._call_at = 0               # offset of the open call's ``<tool_call>``
+
+    def _at(self, i: int = 0) -> int:
+        """The offset in the text fed of ``_buf[i]``."""
+        return self._fed - len(self._buf) + i
+
+    def _enter_reasoning(self, at: int) -> None:
+        if self._spans and self._spans[-1][1] == at:   # goes on where it stopped (a call that failed)
+            at = self._spans.pop()[0]
+        self._span_from = at
+
+    def _leave_reasoning(self, at: int) -> None:
+        if at > self._span_from:
+            self._spans.append((self._span_from, at))
+        self._span_from = None
 
     def _allocate(self) -> tuple[int, str]:
         index = self._n_indices
@@ -190,6 +218,7 @@ class OutputParser:
         delta = _Delta()
         if text:
             self._buf += text
+            self._fed += len(text)
             self._run(delta, final=False)
         return delta.out()
 
@@ -199,11 +228,13 @@ class OutputParser:
         if self._result is None:
             delta = _Delta()
             self._run(delta, final=True)
+            if self._span_from is not None:   # unclosed: the reasoning runs to the end
+                self._leave_reasoning(self._fed)
             calls = self._calls or None
             content = self._content.text
             self._result = ParsedOutput(content=None if (not content and calls) else content,
                                         reasoning_content=self._reasoning.text or None,
-                                        tool_calls=calls, delta=delta.out())
+                                        tool_calls=calls, delta=delta.out(), reasoning_spans=tuple(self._spans))
         return self._result
 
     def _run(self, delta: _Delta, final: bool) -> None:
@@ -212,19 +243,24 @@ class OutputParser:
             if mode == "start":  # a reply may open with <think> (skipped when the prompt opened it already)
                 s = buf.lstrip()
                 if s.startswith(THINK_OPEN):
+                    self._enter_reasoning(self._at())
                     self._mode, self._buf = "reasoning", s[len(THINK_OPEN):]
                     continue
                 if not final and THINK_OPEN.startswith(s):
                     return
                 self._mode = self._after_start
+                if self._mode == "reasoning":
+                    self._enter_reasoning(self._at())
             elif mode == "reasoning":
                 end, start = buf.find(THINK_CLOSE), buf.find(TOOL_OPEN) if self._calls_on else -1
                 if start >= 0 and (end < 0 or start < end):   # a call inside the reasoning is a call
                     delta.reasoning += self._reasoning.add(buf[:start])
+                    self._leave_reasoning(self._at(start))
                     self._open_call(buf[start + len(TOOL_OPEN):], "reasoning")
                     continue
                 if end >= 0:
                     delta.reasoning += self._reasoning.add(buf[:end])
+                    self._leave_reasoning(self._at(end + len(THINK_CLOSE)))
                     self._mode, self._buf = "content", buf[end + len(THINK_CLOSE):]
                     continue
                 keep = 0 if final else held_suffix(buf, self._holds)
@@ -251,9 +287,12 @@ class OutputParser:
                 if call.status == "done":
                     self._calls.append(call.call())
                     self._mode, self._buf, self._call = back, call.rest, None
+                    if back == "reasoning":
+                        self._enter_reasoning(self._at())
                 elif call.status == "failed":  # its text is the region's; what follows <tool_call> is parsed again
                     if back == "reasoning":
                         delta.reasoning += self._reasoning.add(TOOL_OPEN)
+                        self._enter_reasoning(self._call_at)
                     else:
                         delta.content += self._content.add(TOOL_OPEN)
                     self._mode, self._buf, self._call = back, call.body, None
@@ -262,6 +301,7 @@ class OutputParser:
 
     def _open_call(self, rest: str, region: str) -> None:
         """A ``<tool_call>`` opened in `region` ("content" or "reasoning"): the call takes `rest` next."""
+        self._call_at = self._fed - len(rest) - len(TOOL_OPEN)
         self._call = ToolCallParser(self._allocate, self._types)
         self._call_region = region
         self._mode, self._buf = "tool", rest
@@ -281,6 +321,19 @@ def make_output_parser(family: str, tools: list | None = None, starts_in_reasoni
         ValueError: unknown family.
     """
     return OutputParser(family, tools, starts_in_reasoning, make_id, calls)
+
+
+def count_in_spans(offsets: list[int], spans) -> int:
+    """How many of `offsets` (character offsets, ascending: where each generated token's text starts in the text fed
+    to the parser) fall inside one of `spans` (``ParsedOutput.reasoning_spans``: ``[start, end)``, ascending,
+    disjoint): the reply's reasoning tokens. O(len(offsets) + len(spans))."""
+    n, i = 0, 0
+    for start, end in spans:
+        while i < len(offsets) and offsets[i] < start:
+            i += 1
+        while i < len(offsets) and offsets[i] < end:
+            n, i = n + 1, i + 1
+    return n
 
 
 def parse_output(text: str, family: str, tools: list | None = None, starts_in_reasoning: bool = False,

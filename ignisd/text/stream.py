@@ -43,6 +43,13 @@ class StreamDecoder:
         self.stop_string: str | None = None
         self.text = ""
 
+    @property
+    def decoded_chars(self) -> int:
+        """Characters decoded so far: ``text`` plus what is held back for a stop string (not an incomplete UTF-8
+        tail). Read before a ``push``, it is where that token's text starts in ``text`` (a token that completes no
+        character starts where the character it begins does)."""
+        return len(self.text) + len(self._pending)
+
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 

@@ -24,6 +24,8 @@ CALL = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</paramete
 AFTER_THINK = "The user wants the weather.\n</think>\n\nLet me check.\n\n" + CALL
 INSIDE_THINK = "I need the weather first.\n" + CALL + "\n</think>\n\n"
 USER = [{"role": "user", "content": "Weather in Paris?"}]
+LETTERS = "\U0001d518\U0001d52b\U0001d526"    # three Fraktur letters, each several byte-level tokens
+FRAKTUR = "Fraktur " + LETTERS
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +128,64 @@ def test_cached_tokens_in_each_usage_shape(srv):
     with anthropic_client(s.addr).messages.stream(model="m", max_tokens=8, messages=USER) as st:
         fu = st.get_final_message().usage
     assert (fu.input_tokens, fu.cache_read_input_tokens) == (n - 7, 7)
+
+
+@pytest.mark.parametrize("text,reasoning", [
+    (AFTER_THINK, ["The user wants the weather.\n", "</think>"]),
+    (INSIDE_THINK, ["I need the weather first.\n", "\n</think>"]),    # the call inside is not reasoning
+    ("</think>\n\nHi", ["</think>"]),                                  # only the closing tag
+    (FRAKTUR + ".\n</think>\n\nOK", [FRAKTUR + ".\n", "</think>"]),   # tokens that end mid-character
+], ids=["after_think", "inside_think", "empty", "split_characters"])
+def test_reasoning_tokens_in_each_usage_shape(srv, tok, text, reasoning):
+    """Responses' output_tokens_details.reasoning_tokens and chat completions' completion_tokens_details
+    .reasoning_tokens count the reply's reasoning tokens, the closing </think> included (the Qwen3.5 prompt opens
+    the <think>): the tokenizer's own count of the reasoning text, streamed or not."""
+    s, engine = srv
+    engine.text = text
+    want = sum(len(tok.encode(t)) for t in reasoning)
+    total = len(tok.encode(text))
+    assert 0 < want < total and len(tok.encode("</think>")) == 1
+    assert len(tok.encode(LETTERS)) > len(LETTERS)        # some tokens end inside a character
+    body = {"model": "m", "input": "Weather in Paris?", "tools": [{"type": "function", "name": "get_weather",
+                                                                   "parameters": WEATHER["function"]["parameters"]}]}
+    u = http(s.addr).post("/v1/responses", json=body).json()["usage"]
+    assert (u["output_tokens"], u["output_tokens_details"]["reasoning_tokens"]) == (total, want)
+    evs = sse(http(s.addr).post("/v1/responses", json={**body, "stream": True}).content)
+    u = evs[-1][1]["response"]["usage"]
+    assert (u["output_tokens"], u["output_tokens_details"]["reasoning_tokens"]) == (total, want)
+    c = openai_client(s.addr)
+    r = c.chat.completions.create(model="m", messages=USER, tools=[WEATHER])
+    assert (r.usage.completion_tokens, r.usage.completion_tokens_details.reasoning_tokens) == (total, want)
+    chunks = list(c.chat.completions.create(model="m", messages=USER, tools=[WEATHER], stream=True,
+                                            stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == want
+
+
+def test_reasoning_tokens_of_a_reply_cut_by_a_stop_string(srv, tok):
+    """Tokens after the stop string are not generated output; the reasoning before it keeps its count."""
+    s, engine = srv
+    engine.text = "Think first.\n</think>\n\nhello STOP more words here"
+    want = len(tok.encode("Think first.\n")) + 1
+    c = openai_client(s.addr)
+    r = c.chat.completions.create(model="m", messages=USER, stop=["STOP"])
+    assert r.choices[0].message.content == "hello"
+    assert r.usage.completion_tokens < len(tok.encode(engine.text))
+    assert r.usage.completion_tokens_details.reasoning_tokens == want
+    chunks = list(c.chat.completions.create(model="m", messages=USER, stop=["STOP"], stream=True,
+                                            stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == want
+
+
+def test_no_reasoning_tokens_without_reasoning(srv):
+    """With thinking off the prompt closes the <think> block itself: nothing generated is reasoning. A completion
+    has no parser, and its usage no completion_tokens_details."""
+    s, engine = srv
+    engine.text = "Hello there."
+    r = openai_client(s.addr).chat.completions.create(
+        model="m", messages=USER, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert (r.choices[0].message.content, r.usage.completion_tokens_details.reasoning_tokens) == ("Hello there.", 0)
+    u = http(s.addr).post("/v1/completions", json={"prompt": "Hi", "max_tokens": 8}).json()["usage"]
+    assert u["completion_tokens"] == len(engine.tok.encode("Hello there.")) and "completion_tokens_details" not in u
 
 
 def test_stop_sequence_is_named(srv):

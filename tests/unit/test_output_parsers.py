@@ -12,7 +12,7 @@ import jinja2
 import jinja2.sandbox
 import pytest
 
-from ignisd.text.output_parser import make_output_parser, parse_output, prompt_starts_in_reasoning
+from ignisd.text.output_parser import count_in_spans, make_output_parser, parse_output, prompt_starts_in_reasoning
 from ignisd.text.tool_calls import xml_value_json
 
 DATA = Path("/work/shared/data")
@@ -93,6 +93,7 @@ def check(text: str, expected: dict, consistent: bool = True, **kw) -> None:
     for pieces in _splits(text):
         out, acc, _ = _stream(pieces, **kw)
         assert _final(out) == expected, pieces
+        assert out.reasoning_spans == whole.reasoning_spans, pieces
         if consistent:
             norm = dict(expected, content=expected["content"] or None)
             assert acc == norm, pieces
@@ -127,6 +128,39 @@ def test_reasoning_cut_off_and_empty():
     check("", msg(""), starts_in_reasoning=True)
     check("", msg(""))
     check("<thin", msg("<thin"))
+
+
+def test_reasoning_spans():
+    """The characters of the reasoning, [start, end): its tags included, a tool call inside it left out (a call
+    that fails there stays reasoning), unclosed to the end; the same whatever the split (`check`). The expected
+    offsets are counted by hand."""
+    def spans(text, **kw):
+        kw.setdefault("family", "qwen3_5")
+        check(text, _final(parse_output(text, make_id=_ids, **kw)), consistent=False, **kw)   # split-independent
+        return parse_output(text, make_id=_ids, **kw).reasoning_spans
+
+    # "Let me think.\n" is 14 characters, "</think>" 8
+    assert spans("Let me think.\n</think>\n\nThe answer.", starts_in_reasoning=True) == ((0, 22),)
+    # "  \n" 3 + "<think>" 7 + "a" 1 + "</think>" 8
+    assert spans("  \n<think>a</think>b", family="qwen3") == ((0, 19),)
+    n = len(XML_WEATHER)
+    # "<think>\nLook.\n" 14, the call, then "\nThen.\n</think>" 15
+    assert spans("<think>\nLook.\n" + XML_WEATHER + "\nThen.\n</think>\n\nDone.", tools=TOOLS) == \
+        ((0, 14), (14 + n, 14 + n + 15))
+    # a call first: no empty span before it; "\n</think>" 9
+    assert spans(XML_WEATHER + "\n</think>x", tools=TOOLS, starts_in_reasoning=True) == ((n, n + 9),)
+    # "hm " 3 + "<tool_call>" 11 + "\n" 1 + "</think>" 8: the failed call is reasoning, one span
+    assert spans("hm <tool_call>\n</think>\n\nok", starts_in_reasoning=True) == ((0, 23),)
+    assert spans("</think>\n\nDone.", starts_in_reasoning=True) == ((0, 8),)
+    assert spans("still thinking", starts_in_reasoning=True) == ((0, 14),)
+    assert spans("Let me think.\n</think>\n\nThe answer.") == ()
+    assert spans("<think>a</think>b", family="none") == ()
+
+
+def test_count_in_spans():
+    assert count_in_spans([0, 3, 8, 14, 20], ((2, 9), (14, 15))) == 3
+    assert count_in_spans([0, 1, 2], ()) == 0
+    assert count_in_spans([5, 5, 6], ((5, 6),)) == 2        # a token that completes no character shares an offset
 
 
 def test_prompt_starts_in_reasoning():
@@ -388,12 +422,14 @@ def test_fuzz_whole_equals_streamed():
             i = rng.randint(0, len(text))
             text = text[:i] + rng.choice(["<", "x", "\n", "}", '"', "</parameter>", "<tool_call>"]) + text[i + 1:]
         kw = {"family": rng.choice(["qwen3_5", "qwen3"]), "tools": TOOLS, "starts_in_reasoning": rng.random() < 0.2}
-        whole = _final(parse_output(text, make_id=_ids, **kw))
+        parsed = parse_output(text, make_id=_ids, **kw)
+        whole, whole_spans = _final(parsed), parsed.reasoning_spans
         n_calls += len(whole["tool_calls"] or [])
         for _ in range(3):
             cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(1, 20))))
             out, acc, _ = _stream([text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])], **kw)
             assert _final(out) == whole, text
+            assert out.reasoning_spans == whole_spans, text
             assert (acc["content"], acc["reasoning_content"]) == (out.content or None, out.reasoning_content), text
             streamed = {c["id"]: c for c in acc["tool_calls"] or []}
             assert all(streamed[c["id"]] == c for c in out.tool_calls or []), text
