@@ -353,6 +353,9 @@ def _parse_chat(rid: str, obj: dict, api_key: str | None) -> ChatOp:
     tools = _parse_tools(obj)
     tc = obj.get("tool_choice")
     if tc is not None and not (isinstance(tc, str) and tc in ("none", "auto", "required")):
+        if not isinstance(tc, dict):
+            raise _bad("tool_choice", f'must be "none", "auto", "required" or {{"type": "function", "function": '
+                                      f'{{"name": ...}}}}, got {_shown(tc)}')
         fn = _obj(tc, "tool_choice").get("function")
         _str(_obj(fn, "tool_choice.function").get("name"), "tool_choice.function.name")
     logprobs, top = _logprob_fields(obj, legacy_int=False)

@@ -161,6 +161,9 @@ class Generation:
     stream: bool = False
     logprobs: bool = False
     stop_hit: bool = field(default=False, init=False)
+    cached_tokens: int | None = field(default=None, init=False)
+    """The prompt tokens restored (DESIGN §4.7), known from the first generated token on (TokenEvent.cached_tokens,
+    then the DoneEvent); None before."""
 
 
 def _pieces(calls) -> tuple[ToolCallPiece, ...] | None:
@@ -304,8 +307,11 @@ class Edge:
                 yield EdgeError(ev.code, ev.message, ev.field)
                 return
             if isinstance(ev, DoneEvent):
+                gen.cached_tokens = ev.cached_tokens
                 break
             assert isinstance(ev, TokenEvent)
+            if ev.cached_tokens is not None:
+                gen.cached_tokens = ev.cached_tokens
             if gen.stop_hit:
                 continue
             consumed += 1

@@ -56,11 +56,12 @@ def _server_config(config_text: str | None, config_path: str) -> ServerConfig:
 
 
 def render_service(template: str, ignisd: str, config_path: str = DEFAULT_CONFIG,
-                   config_text: str | None = None) -> str:
+                   config_text: str | None = None, source: str | None = None) -> str:
     """The service unit for `ignisd` (an absolute path) reading `config_path`; config_text: that file's content
     (grace and listeners are read from it; None: the defaults). Raises ConfigError for a configuration the daemon
-    would refuse (the key named), so no unit is written that fails at its first start."""
-    server = _server_config(config_text, config_path)
+    would refuse (the key named; source: the file the text was read from, config_path when None), so no unit is
+    written that fails at its first start."""
+    server = _server_config(config_text, source or config_path)
     out = re.sub(r"^ExecStart=.*$", f"ExecStart={ignisd} serve --config {config_path}", template, flags=re.M)
     stop = max(60, int(server.shutdown_grace_s) + STOP_MARGIN_S)
     out = re.sub(r"^TimeoutStopSec=.*$", f"TimeoutStopSec={stop}", out, flags=re.M)
@@ -87,7 +88,8 @@ def install(root: Path, ignisd: str, config_path: str = DEFAULT_CONFIG, units_di
         cfg_file.parent.mkdir(parents=True, exist_ok=True)
         cfg_file.write_text(render_config((units_dir / "ignisd.toml").read_text()))
         written.append(cfg_file)
-    service = render_service((units_dir / "ignisd.service").read_text(), ignisd, config_path, cfg_file.read_text())
+    service = render_service((units_dir / "ignisd.service").read_text(), ignisd, config_path, cfg_file.read_text(),
+                             str(cfg_file))
     targets = {root / "etc/systemd/system/ignisd.service": service,
                root / "etc/systemd/system/ignisd.socket": (units_dir / "ignisd.socket").read_text(),
                root / "etc/sysusers.d/ignis.conf": (units_dir / "ignis.sysusers.conf").read_text()}
@@ -109,7 +111,9 @@ def main(argv: list[str]) -> int:
     """`ignisd install-unit [--root DIR] [--config PATH] [--ignisd PATH] [--no-reload]`; returns the exit code."""
     p = argparse.ArgumentParser(prog="ignisd install-unit", description="Install the systemd units of ignisd.")
     p.add_argument("--root", default="/", help="install under this directory (nothing is run unless it is /)")
-    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"configuration file (default {DEFAULT_CONFIG})")
+    p.add_argument("--config", default=DEFAULT_CONFIG,
+                   help=f"the configuration file the unit reads (default {DEFAULT_CONFIG}), taken under --root: "
+                        "written there from the example when missing, else read to render the unit")
     p.add_argument("--ignisd", default=None, help="the ignisd command (default: this installation's)")
     p.add_argument("--no-reload", action="store_true", help="do not run systemd-sysusers / systemctl daemon-reload")
     args = p.parse_args(argv)

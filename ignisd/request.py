@@ -114,12 +114,15 @@ class Cancel:
 @dataclass(frozen=True)
 class TokenEvent:
     """One generated token. logprob: log p(token) from the raw logits (fp32 log-softmax), when asked.
-    top: [(token_id, logprob)] × top_logprobs, descending."""
+    top: [(token_id, logprob)] × top_logprobs, descending. cached_tokens: on a request's first generated token only,
+    the prompt tokens restored rather than prefilled (DESIGN §4.7; the DoneEvent's count, unless a preemption later
+    makes the sequence recompute), so a stream's first event can report reuse; None on every other token."""
 
     rid: str
     token_id: int
     logprob: float | None = None
     top: list[tuple[int, float]] | None = None
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)

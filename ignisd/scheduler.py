@@ -303,7 +303,8 @@ class Scheduler:
             if tok in sp.stop_token_ids:
                 events.append(self._finish(s, FinishReason.STOP, now))
                 continue
-            events.append(TokenEvent(s.rid, tok, res.logprob, res.top))
+            cached = len(s.req.prompt_ids) - s.prefilled if len(s.output) == 1 else None
+            events.append(TokenEvent(s.rid, tok, res.logprob, res.top, cached))
             if len(s.output) >= sp.max_tokens:
                 events.append(self._finish(s, FinishReason.LENGTH, now))
         return events

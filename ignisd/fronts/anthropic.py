@@ -9,8 +9,10 @@ parsed tool calls, ``input`` an object), ``stop_reason`` end_turn | max_tokens |
 
 Usage, always all four: ``input_tokens`` (prompt tokens not restored), ``output_tokens``, ``cache_read_input_tokens``
 (the prompt tokens restored, DESIGN §4.7) and ``cache_creation_input_tokens`` (0: keeping state costs the client
-nothing); input + cache_read = the prompt's tokens. ``message_start`` is sent before reuse is known (cache_read 0,
-input_tokens the whole prompt); ``message_delta`` carries the final counts, which the SDKs take. The ``ignis`` object
+nothing); input + cache_read = the prompt's tokens. ``message_start`` carries the split as known when it is sent:
+after the first generated token (``Generation.cached_tokens``) it is the reuse the engine made; a stream whose
+first token takes over a second (sse.FIRST_EVENT_WAIT_S) starts before, with cache_read 0 and input_tokens the whole
+prompt. ``message_delta`` carries the final counts, which the SDKs take. The ``ignis`` object
 (reuse, timings, finish_reason) rides on the message and on ``message_delta``.
 
 ``count_tokens`` answers ``{"input_tokens": n}``, n = the rendered prompt's tokens (the `tokenize` op's count).
@@ -98,8 +100,9 @@ class _Render:
 
     # ---- stream ----
     def head(self) -> bytes:
-        n = len(self.gen.request.prompt_ids)
-        usage = {"input_tokens": n, "output_tokens": 0, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
+        n, cached = len(self.gen.request.prompt_ids), self.gen.cached_tokens or 0
+        usage = {"input_tokens": n - cached, "output_tokens": 0, "cache_read_input_tokens": cached,
+                 "cache_creation_input_tokens": 0}
         return sse_event("message_start", {"type": "message_start", "message": self._message([], None, None, usage)})
 
     def keepalive(self) -> bytes:

@@ -63,7 +63,14 @@ def test_second_turn_reads_the_cache(http_llama, stream):
             m = c.messages.create(**kw)
         else:
             with c.messages.stream(**kw) as st:
+                events = list(st)
                 m = st.get_final_message()
+            # message_start is written after the first token (well under a second here), so it already carries
+            # the reuse split the final message_delta reports (it used to say cache_read 0, input the whole prompt)
+            start = events[0].message.usage
+            assert events[0].type == "message_start"
+            assert (start.input_tokens, start.cache_read_input_tokens) == (m.usage.input_tokens,
+                                                                           m.usage.cache_read_input_tokens)
         return m.content[0].text, m.usage
     a1, u1 = ask([{"role": "user", "content": USER1}])
     assert u1.cache_read_input_tokens == 0

@@ -96,13 +96,13 @@ def test_install_unit_refuses_a_configuration_serve_would_refuse(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ignisd", "install-unit", "--root", str(tmp_path)],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2, r.stderr
-    assert r.stderr.startswith("ignisd install-unit: server.http_listen: invalid value 'localhost' (from "
-                               "/etc/ignis/ignisd.toml); allowed: HOST:PORT")
+    assert r.stderr.startswith(f"ignisd install-unit: server.http_listen: invalid value 'localhost' (from {cfg}); "
+                               f"allowed: HOST:PORT")
     assert not (tmp_path / "etc/systemd").exists() and r.stdout == ""
     cfg.write_text("[server\n")
     r = subprocess.run([sys.executable, "-m", "ignisd", "install-unit", "--root", str(tmp_path)],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert r.returncode == 2 and "--config: invalid TOML" in r.stderr and "/etc/ignis/ignisd.toml" in r.stderr
+    assert r.returncode == 2 and "--config: invalid TOML" in r.stderr and str(cfg) in r.stderr
 
 
 def test_install_unit_writes_the_files_and_keeps_an_existing_config(tmp_path):

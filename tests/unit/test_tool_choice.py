@@ -132,3 +132,14 @@ def test_runner_takes_forced_tokens_and_never_samples_banned_ones():
     hot = SamplingParams(max_tokens=4, temperature=1.0, seed=7, banned_token_ids=frozenset({1, 2}))
     draws = {_sample(runner, logits, hot, rid="h").token_id for _ in range(300)}
     assert draws == {0, 3}                                      # p 0.27 and 0.73 once 1 and 2 are banned
+
+
+@pytest.mark.parametrize("bad, shown", [("bogus", '"bogus"'), (5, "5"), (["auto"], '["auto"]')])
+def test_socket_parser_names_every_allowed_tool_choice(bad, shown):
+    # a wrong string used to be answered "must be an object, got a string", as if the words were not allowed
+    from ignis_client.protocol import parse_request
+    with pytest.raises(ProtocolError) as e:
+        parse_request({"id": "r", "op": "chat", "messages": [{"role": "user", "content": "hi"}], "tool_choice": bad})
+    assert (e.value.code, e.value.field) == ("bad_request", "tool_choice")
+    assert e.value.message == ('tool_choice: must be "none", "auto", "required" or {"type": "function", "function": '
+                               '{"name": ...}}, got ' + shown)
