@@ -52,14 +52,19 @@ def request_line(r: RequestReport, colour: bool = False) -> str:
             f"\"{_clip(d['theirs'])}\"")
 
 
+def _count(n: int, noun: str) -> str:
+    """`n noun`, the noun plural unless n is 1 ("1 request", "2 requests", "0 unusable lines")."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def render_report(rep: Report, colour: bool = False) -> str:
     """The terminal report: the lines lint could not use, one line per request, then the summary."""
     out = [f"error: {e}" for e in rep.errors]
     out += [request_line(r, colour) for r in rep.requests]
     s = rep.summary
     out.append("")
-    out.append(_paint("summary", BOLD, colour) + f": {s.requests} requests, {s.errors} unusable lines, "
-               f"{s.prompt_tokens} prompt tokens")
+    out.append(_paint("summary", BOLD, colour) + f": {_count(s.requests, 'request')}, "
+               f"{_count(s.errors, 'unusable line')}, {s.prompt_tokens} prompt tokens")
     out.append(f"  observed hit rate   {100 * s.observed_hit_rate:5.1f}%  ({s.common_tokens} tokens shared with an "
                "earlier request)")
     out.append(f"  achievable hit rate {100 * s.achievable_hit_rate:5.1f}%  ({s.achievable_tokens} tokens with "
@@ -69,7 +74,7 @@ def render_report(rep: Report, colour: bool = False) -> str:
     out.append(f"  lost to volatile causes: {s.lost_tokens} prefill tokens{secs}")
     if s.causes:
         out.append("  top causes: " + ", ".join(
-            f"{_paint(c['cause'], _cause_colour(c['cause']), colour)} ({c['requests']} requests, "
+            f"{_paint(c['cause'], _cause_colour(c['cause']), colour)} ({_count(c['requests'], 'request')}, "
             f"{c['lost_tokens']} tokens)" for c in s.causes[:5]))
     return "\n".join(out) + "\n"
 

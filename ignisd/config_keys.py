@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Callable
 
+from ignis_client.wire import _shown
+
 SECTIONS = ("model", "vram", "kv", "reuse", "server")
 ALIASES = {"--config": None, "--model": "model.path", "--socket": "server.socket", "--lanes": "server.lanes",
            "--log-level": "server.log_level"}
@@ -32,7 +34,7 @@ class ConfigError(ValueError):
     def __init__(self, key: str, value: Any, allowed: str, source: str | None = None, problem: str = "invalid value"):
         self.key, self.value, self.allowed, self.source = key, value, allowed, source
         where = f" (from {source})" if source else ""
-        shown = "" if value is _NO_VALUE else f" {value!r}"
+        shown = "" if value is _NO_VALUE else f" {_shown(value, 200)}"     # as TOML / JSON spell it
         super().__init__(f"{key}: {problem}{shown}{where}; allowed: {allowed}")
 
 

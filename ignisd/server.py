@@ -17,6 +17,7 @@ import itertools
 import select
 
 from ignis_client import protocol as P
+from ignis_client.wire import _shown
 
 from ignisd.fronts.ndjson import NdjsonFront
 from ignisd.log import get_logger
@@ -159,8 +160,8 @@ class Connection:
             await self.send(e.reply())
             return
         if op.id in self.inflight:
-            await self.send(P.error(op.id, "duplicate_id", f"id {op.id!r} is already in flight on this connection",
-                                    "id"))
+            await self.send(P.error(op.id, "duplicate_id",
+                                    f"id {_shown(op.id)} is already in flight on this connection", "id"))
             return
         if len(self.inflight) >= self.server.max_inflight:
             await self.send(P.error(op.id, "busy", f"{len(self.inflight)} requests in flight on this connection "

@@ -168,7 +168,7 @@ def to_chat(body: dict) -> tuple[dict, list[str]]:
     elif isinstance(inp, list):
         _items(inp, out, paths)
     else:
-        raise _bad("input", "must be a string or a list of input items")
+        raise _bad("input", f"must be a string or a list of input items, got {_shown(inp)}")
     if not any(m["role"] != "system" for m in out):   # an empty probe: one empty user message
         out.append({"role": "user", "content": ""})
         paths.append("input")

@@ -95,6 +95,7 @@ def test_duplicate_inflight_id(tiny_daemon):
         if r["type"] == "done":
             break
     assert len(errs) == 1 and errs[0]["error"]["code"] == "duplicate_id" and errs[0]["error"]["field"] == "id"
+    assert errs[0]["error"]["message"] == 'id "dup" is already in flight on this connection'    # JSON's spelling
     c.close()
     tiny_daemon.wait_idle()
 

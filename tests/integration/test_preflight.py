@@ -37,7 +37,7 @@ def test_the_broken_model_really_fails_to_load(broken_weights_dir, tmp_path):
     (["--vram-kv-pool-bytes", "1T"], "vram.kv_pool_bytes = 1099511627776 bytes asks for a KV pool of "),
     (["--model-context-tokens", "999999"], "model.context_tokens = 999999 exceeds the model's context"),
     (["--server-api-key-file", "/nonexistent/key"], "server.api_key_file '/nonexistent/key'"),
-    (["--model-weight-format", "int4"], "model.weight_format: invalid value 'int4'"),
+    (["--model-weight-format", "int4"], 'model.weight_format: invalid value "int4"'),
     (["--reuse-kv-host-pool-bytes", "64T"], "reuse.kv_host_pool_bytes = 70368744177664 bytes does not fit in the "
                                             "available memory ("),
     (["--model-kv-format", "hq-e8-2b", "--model-context-tokens", "512", "--kv-exact-window", "513"],

@@ -3,6 +3,7 @@ markdown, so the code cannot drift from it; units, booleans, TOML + flag precede
 the key, the value and what is allowed."""
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -173,13 +174,13 @@ def test_bad_sizes_name_key_value_and_units(raw):
     e = error_of("--vram-kv-pool-bytes", raw)
     assert e.key == "vram.kv_pool_bytes" and e.value == raw
     msg = str(e)
-    assert msg.startswith("vram.kv_pool_bytes:") and repr(raw) in msg and "K/M/G/T" in msg and "tok" in msg
+    assert msg.startswith("vram.kv_pool_bytes:") and json.dumps(raw) in msg and "K/M/G/T" in msg and "tok" in msg
     assert "--vram-kv-pool-bytes" in msg
 
 
 def test_tokens_refused_where_only_bytes_make_sense():
     e = error_of("--reuse-kv-host-pool-bytes", "900Ktok")
-    assert e.key == "reuse.kv_host_pool_bytes" and "'900Ktok'" in str(e)
+    assert e.key == "reuse.kv_host_pool_bytes" and '"900Ktok"' in str(e)
 
 
 @pytest.mark.parametrize("raw,want", [("300s", 300.0), ("5m", 300.0), ("1h", 3600.0), ("2.5", 2.5), ("1.5h", 5400.0),
@@ -191,7 +192,7 @@ def test_durations(raw, want):
 @pytest.mark.parametrize("raw", ["5d", "-1", "abc", "1 hour", "m"])
 def test_bad_durations(raw):
     e = error_of("--server-shutdown-grace-s", raw)
-    assert e.key == "server.shutdown_grace_s" and repr(raw) in str(e) and "s/m/h" in str(e)
+    assert e.key == "server.shutdown_grace_s" and json.dumps(raw) in str(e) and "s/m/h" in str(e)
 
 
 def test_off_for_keys_whose_zero_means_off():
@@ -217,7 +218,8 @@ def test_bare_boolean_flag_means_on():
 @pytest.mark.parametrize("raw", ["yes", "1", "enabled"])
 def test_bad_booleans(raw):
     e = error_of("--reuse-prompt", raw)
-    assert str(e) == f"reuse.prompt: invalid value {raw!r} (from flag --reuse-prompt); allowed: on, off, true or false"
+    assert str(e) == (f"reuse.prompt: invalid value {json.dumps(raw)} (from flag --reuse-prompt); allowed: on, off, "
+                      f"true or false")
 
 
 # ------------------------------------------------------------------ errors: key, value, allowed
@@ -251,7 +253,7 @@ def test_range_and_choice_errors(argv, key, value, allowed):
     e = error_of(*argv)
     assert (e.key, e.value) == (key, value)
     msg = str(e)
-    assert msg.startswith(f"{key}: invalid value {value!r} (from flag {argv[0]}); allowed: "), msg
+    assert msg.startswith(f"{key}: invalid value {json.dumps(value)} (from flag {argv[0]}); allowed: "), msg
     assert allowed in msg
 
 
@@ -348,7 +350,7 @@ def test_toml_errors(tmp_path, text, key, value, allowed):
     path = write(tmp_path, text)
     e = error_of("--config", path)
     assert (e.key, e.value) == (key, value)
-    assert str(e).startswith(f"{key}: ") and repr(value) in str(e) and allowed in str(e) and path in str(e)
+    assert str(e).startswith(f"{key}: ") and json.dumps(value) in str(e) and allowed in str(e) and path in str(e)
 
 
 def test_toml_unknown_section_and_bad_files(tmp_path):

@@ -116,6 +116,9 @@ def test_front_refusals_show_the_clients_value_as_json():
          "redacted_thinking, tool_use)")
     assert _message(R.to_chat, {"input": [{"type": "message", "role": "bot", "content": "a"}]}) == \
         'input[0].role: must be user, assistant, system or developer, got "bot"'
+    assert _message(R.to_chat, {"input": 5}) == "input: must be a string or a list of input items, got 5"
+    assert _message(R.to_chat, {"input": {"a": True}}) == \
+        'input: must be a string or a list of input items, got {"a":true}'
     assert _message(chat_body, "gemini", {}) == 'api: must be one of openai, anthropic, responses; got "gemini"'
     assert _message(prepare_messages, [{"role": "bot", "content": "a"}], "keep") == \
         'messages[0].role: unknown role "bot" (allowed: system, user, assistant, tool, developer)'

@@ -84,7 +84,7 @@ def test_render_reads_the_configuration_as_serve_does():
         assert f"TimeoutStopSec={stop}\n" in IU.render_service(tpl, "/x/ignisd", config_text=text), grace
     with pytest.raises(ConfigError) as e:
         IU.render_service(tpl, "/x/ignisd", "/etc/ignis/ignisd.toml", '[server]\nshutdown_grace_s = "soon"\n')
-    assert str(e.value).startswith("server.shutdown_grace_s: invalid value 'soon' (from /etc/ignis/ignisd.toml)")
+    assert str(e.value).startswith('server.shutdown_grace_s: invalid value "soon" (from /etc/ignis/ignisd.toml)')
     with pytest.raises(ConfigError, match=r"^server.lane: unknown key"):
         IU.render_service(tpl, "/x/ignisd", config_text="[server]\nlane = 2\n")
 
@@ -96,7 +96,7 @@ def test_install_unit_refuses_a_configuration_serve_would_refuse(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ignisd", "install-unit", "--root", str(tmp_path)],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2, r.stderr
-    assert r.stderr.startswith(f"ignisd install-unit: server.http_listen: invalid value 'localhost' (from {cfg}); "
+    assert r.stderr.startswith(f'ignisd install-unit: server.http_listen: invalid value "localhost" (from {cfg}); '
                                f"allowed: HOST:PORT")
     assert not (tmp_path / "etc/systemd").exists() and r.stdout == ""
     cfg.write_text("[server\n")

@@ -184,6 +184,8 @@ def test_terminal_colour_only_when_asked_and_json(prompts):
     assert lines[1].startswith("#1 ") and "timestamp at msg 0 system" in lines[1]
     doc = orjson.loads(render_json(rep))
     assert doc["requests"][1]["cause"] == "timestamp" and doc["summary"]["causes"][0]["cause"] == "timestamp"
+    # counts read as English: one request of two lost to the timestamp, no unusable line
+    assert "summary: 2 requests, 0 unusable lines, " in plain and "timestamp (1 request, " in plain
 
 
 def test_tokenize_op_takes_an_http_front_body():
@@ -254,7 +256,7 @@ def test_ignisd_lint_reads_model_builtin_as_serve_does(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:                  # a value model.path refuses: argparse's exit 2
         ignisd_main(["lint", "--model", "a\0b", str(trace)])
     assert e.value.code == 2
-    assert ("argument --model: model.path: invalid value 'a\\x00b' (from flag --model); allowed: a path, or "
+    assert ('argument --model: model.path: invalid value "a\\u0000b" (from flag --model); allowed: a path, or '
             '"builtin"') in capsys.readouterr().err
 
 
