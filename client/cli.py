@@ -36,27 +36,27 @@ CANCELLED_NOTE = ('ignis: the answer was cut short: the daemon cancelled it (fin
 COMMANDS = ("chat", "status", "metrics", "health", "lint")
 
 
-def _timeout(text: str) -> float:
-    """--timeout: seconds, a finite number above 0 and at most MAX_TIMEOUT_S (argparse names the option and exits 2)."""
+def _positive(text: str, hi: float, wanted: str) -> float:
+    """An option's number: above 0 and at most `hi`; else argparse's error (it names the option, exit 2) saying
+    `wanted` and what was given."""
     try:
         v = float(text)
     except ValueError:
         v = math.nan
-    if not (0 < v <= MAX_TIMEOUT_S):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:,} (leave "
-                                         f"--timeout out to wait without a limit), got {text!r}")
+    if not (0 < v <= hi):
+        raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
     return v
+
+
+def _timeout(text: str) -> float:
+    """--timeout: seconds, a finite number above 0 and at most MAX_TIMEOUT_S."""
+    return _positive(text, MAX_TIMEOUT_S, f"a number of seconds above 0 and at most {MAX_TIMEOUT_S:,} (leave "
+                                          f"--timeout out to wait without a limit)")
 
 
 def _prefill_rate(text: str) -> float:
-    """--prefill-rate: tokens/s, a finite number above 0 (argparse names the option and exits 2)."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (0 < v < math.inf):
-        raise argparse.ArgumentTypeError(f"must be prefill tokens/s, a finite number above 0, got {text!r}")
-    return v
+    """--prefill-rate: tokens/s, a finite number above 0."""
+    return _positive(text, sys.float_info.max, "prefill tokens/s, a finite number above 0")
 
 
 def _parser() -> argparse.ArgumentParser:

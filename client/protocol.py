@@ -8,16 +8,17 @@ dataclasses, validation errors). Every failure raises ``ProtocolError(code, mess
 the error object to send. Replies: ``delta``, ``done``, ``result``, ``error`` build dicts, ``encode`` frames one.
 
 The module is the single import point of the wire format; its parts live beside it and are re-exported here:
-``wire`` (literals, ProtocolError, framing, field checkers), ``ops`` (request dataclasses and parsing) and
-``replies`` (reply builders). The socket path resolution stays here.
+``wire`` (literals, ProtocolError, framing, field checkers), ``ops`` (request dataclasses and parsing),
+``sampling_fields`` (their sampling fields) and ``replies`` (reply builders). The socket path resolution stays here.
 """
 from __future__ import annotations
 
 import os
 from typing import Mapping
 
-from .ops import (BODY_APIS, CancelOp, ChatOp, CompletionOp, DetokenizeOp, Op, Sampling, SimpleOp, TokenizeOp,
-                  parse_envelope, parse_messages, parse_request, parse_sampling)
+from .ops import (BODY_APIS, CancelOp, ChatOp, CompletionOp, DetokenizeOp, Op, SimpleOp, TokenizeOp, parse_envelope,
+                  parse_messages, parse_request)
+from .sampling_fields import Sampling, parse_sampling
 from .replies import (TIMING_KEYS, chat_message, delta, done, empty_reuse, empty_status, result, reuse, timings,
                       usage)
 from .wire import (DEFAULT_MAX_LINE_BYTES, ERROR_CODES, FINISH_REASONS, KINDS, MAX_ID_CHARS, MAX_STOP,

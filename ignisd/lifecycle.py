@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable, Protocol
 from ignis_client import protocol as P
 
 from ignisd.config import Config
-from ignisd.edge import EdgeDone, EdgeError
+from ignisd.edge_events import EdgeDone, EdgeError
 from ignisd.health import Heartbeat
 from ignisd.log import get_logger
 from ignisd.systemd import Notifier

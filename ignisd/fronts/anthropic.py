@@ -25,7 +25,7 @@ import orjson
 from aiohttp import web
 from ignis_client import protocol as P
 
-from ignisd.edge import EdgeDelta, EdgeDone, EdgeError
+from ignisd.edge_events import EdgeDelta, EdgeDone, EdgeError
 from ignisd.fronts.anthropic_request import remap, to_chat
 from ignisd.fronts.ndjson import reuse_object, timings_object
 from ignisd.fronts.openai import model_name

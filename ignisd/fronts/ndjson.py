@@ -9,7 +9,8 @@ from __future__ import annotations
 from ignis_client import protocol as P
 from ignis_client.wire import _shown
 
-from ignisd.edge import Edge, EdgeDelta, EdgeDone, EdgeError, Timings, TokenLogprob, ToolCall, ToolCallPiece
+from ignisd.edge import Edge
+from ignisd.edge_events import EdgeDelta, EdgeDone, EdgeError, Timings, TokenLogprob, ToolCall, ToolCallPiece
 from ignisd.prompt import Reuse
 
 MODEL_OPS = frozenset({"chat", "completion", "tokenize", "detokenize"})   # ops that need the model loaded

@@ -6,7 +6,7 @@ in OpenAI's shapes: ``chat.completion`` / ``text_completion`` objects, or server
 frames, then ``data: [DONE]``). Usage is ``{prompt_tokens, completion_tokens, total_tokens,
 prompt_tokens_details: {cached_tokens}}`` (cached = prompt tokens restored, DESIGN §4.7), for chat also
 ``completion_tokens_details: {reasoning_tokens}`` (the completion tokens of the reasoning, ``<think>`` / ``</think>``
-included, a tool call made inside it not: ``ignisd.edge.Usage``); a stream carries it in a last
+included, a tool call made inside it not: ``ignisd.edge_events.Usage``); a stream carries it in a last
 chunk with empty ``choices`` when ``stream_options.include_usage`` is true. Each reply carries the ``ignis`` object
 (``reuse``, ``timings``; on a stream, on the chunk with the finish_reason). Chat replies carry parsed ``tool_calls``
 and ``reasoning_content``; finish_reason is ``stop`` | ``length`` | ``tool_calls`` | ``cancelled``.
@@ -21,7 +21,7 @@ import time
 from aiohttp import web
 from ignis_client import protocol as P
 
-from ignisd.edge import EdgeDelta, EdgeDone, EdgeError, TokenLogprob
+from ignisd.edge_events import EdgeDelta, EdgeDone, EdgeError, TokenLogprob
 from ignisd.fronts.ndjson import reuse_object, timings_object, tool_call, tool_call_piece
 from ignisd.fronts.sse import (STATUS, answer, dumps, error_headers, new_id, parse_op, read_json, request_id,
                                sse_data)
@@ -53,7 +53,7 @@ def error_object(ev: EdgeError) -> dict:
 def usage_object(ev: EdgeDone, chat: bool = False) -> dict:
     """OpenAI's usage (token counts) with prompt_tokens_details.cached_tokens; a chat reply's also with
     completion_tokens_details.reasoning_tokens (the completion tokens of the reasoning, ``</think>`` included:
-    ignisd.edge.Usage)."""
+    ignisd.edge_events.Usage)."""
     u = ev.usage
     out = P.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
     if chat:

@@ -7,7 +7,7 @@ call (``call_id``, ``name``, ``arguments`` JSON string); ``status`` completed, o
 (``incomplete_details.reason`` max_output_tokens) when the reply hit its token cap, or cancelled. Usage:
 ``{input_tokens, input_tokens_details: {cached_tokens}, output_tokens, output_tokens_details: {reasoning_tokens},
 total_tokens}`` (cached = the prompt tokens restored, DESIGN §4.7; reasoning = the output tokens of the reasoning,
-``<think>`` / ``</think>`` included, a tool call made inside it not: ``ignisd.edge.Usage``); ``ignis`` (reuse,
+``<think>`` / ``</think>`` included, a tool call made inside it not: ``ignisd.edge_events.Usage``); ``ignis`` (reuse,
 timings) rides along.
 
 Streamed, every event carries ``type`` and ``sequence_number``: ``response.created``, ``response.in_progress``; per
@@ -25,7 +25,7 @@ import time
 from aiohttp import web
 from ignis_client import protocol as P
 
-from ignisd.edge import EdgeDelta, EdgeDone, EdgeError
+from ignisd.edge_events import EdgeDelta, EdgeDone, EdgeError
 from ignisd.fronts import openai
 from ignisd.fronts.ndjson import reuse_object, timings_object
 from ignisd.fronts.responses_request import remap, to_chat
@@ -34,7 +34,7 @@ from ignisd.request import FinishReason
 
 
 def usage_object(ev: EdgeDone) -> dict:
-    """The Responses usage (token counts; reasoning_tokens: ignisd.edge.Usage, the ``</think>`` tag included)."""
+    """The Responses usage (token counts; reasoning_tokens: ignisd.edge_events.Usage, the ``</think>`` tag included)."""
     u = ev.usage
     return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
             "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},

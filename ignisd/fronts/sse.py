@@ -37,7 +37,8 @@ import orjson
 from aiohttp import web
 from ignis_client import protocol as P
 
-from ignisd.edge import Edge, EdgeDelta, EdgeDone, EdgeError, Generation
+from ignisd.edge import Edge, Generation
+from ignisd.edge_events import EdgeDelta, EdgeDone, EdgeError
 from ignisd.log import get_logger
 
 log = get_logger("srv")

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CONTROL_PLANE = [
     "ignisd.scheduler", "ignisd.sequence", "ignisd.plan", "ignisd.traversal", "ignisd.request", "ignisd.vocab",
     "ignisd.buffers", "ignisd.config", "ignisd.config_keys", "ignisd.log", "ignisd.metrics", "ignisd.preflight",
-    "ignisd.engine", "ignisd.edge", "ignisd.prompt", "ignisd.server", "ignisd.fronts.ndjson", "ignisd.unix_socket",
-    "ignisd.fronts.sse", "ignisd.fronts.http", "ignisd.fronts.openai", "ignisd.fronts.anthropic",
+    "ignisd.engine", "ignisd.edge", "ignisd.edge_events", "ignisd.prompt", "ignisd.server", "ignisd.fronts.ndjson",
+    "ignisd.unix_socket", "ignisd.fronts.sse", "ignisd.fronts.http", "ignisd.fronts.openai", "ignisd.fronts.anthropic",
     "ignisd.fronts.anthropic_request", "ignisd.fronts.responses", "ignisd.fronts.responses_request",
     "ignisd.fronts.chat_body",
     "ignisd.cache.manager", "ignisd.cache.placement", "ignisd.cache.page_pool", "ignisd.cache.state_slots",

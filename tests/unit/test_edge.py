@@ -10,7 +10,8 @@ import pytest
 from ignis_client import protocol as P
 from text_corpus import ignis_smollm_tokenizer
 
-from ignisd.edge import ChatMessage, Edge, EdgeDelta, EdgeDone, EdgeError, TokenLogprob, ToolCall, ToolCallPiece, Usage
+from ignisd.edge import Edge
+from ignisd.edge_events import ChatMessage, EdgeDelta, EdgeDone, EdgeError, TokenLogprob, ToolCall, ToolCallPiece, Usage
 from ignisd.fronts.ndjson import NdjsonFront
 from ignisd.request import DoneEvent, ErrorEvent, FinishReason, ReuseInfo, TokenEvent
 from ignisd.text.chat_template import ChatTemplate

@@ -15,7 +15,7 @@ from ignis_client import protocol as P
 from ignisd.cache.manager import CacheManager
 from ignisd.cache.page_pool import PagePool
 from ignisd.config import Config, with_overrides
-from ignisd.edge import EdgeDone, EdgeError, Timings, Usage
+from ignisd.edge_events import EdgeDone, EdgeError, Timings, Usage
 from ignisd.engine import Engine
 from ignisd.health import Heartbeat
 from ignisd.lifecycle import ModelHost, State
