@@ -24,6 +24,7 @@ import time
 
 from .client import Client, DaemonNotRunning, IgnisError, ReplyTimeout
 from .framing import MAX_TIMEOUT_S
+from .sampling_fields import MAX_TEMPERATURE
 from .status_view import render_status
 
 CLEAR = "\x1b[H\x1b[2J"      # cursor home + clear screen (ANSI), before each --watch redraw
@@ -36,16 +37,27 @@ CANCELLED_NOTE = ('ignis: the answer was cut short: the daemon cancelled it (fin
 COMMANDS = ("chat", "status", "metrics", "health", "lint")
 
 
-def _positive(text: str, hi: float, wanted: str) -> float:
-    """An option's number: above 0 and at most `hi`; else argparse's error (it names the option, exit 2) saying
-    `wanted` and what was given."""
+def _in_range(text: str, lo: float, hi: float, wanted: str, lo_open: bool = True) -> float:
+    """An option's number: above `lo` (at least `lo` when not lo_open) and at most `hi`; else argparse's error (it
+    names the option, exit 2) saying `wanted` and the text given."""
     try:
         v = float(text)
     except ValueError:
         v = math.nan
-    if not (0 < v <= hi):
+    if not ((lo < v if lo_open else lo <= v) and v <= hi):
         raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
     return v
+
+
+def _positive(text: str, hi: float, wanted: str) -> float:
+    """A number above 0 and at most `hi` (see _in_range)."""
+    return _in_range(text, 0.0, hi, wanted)
+
+
+def _temperature(text: str) -> float:
+    """--temperature: 0 (greedy) to 2, the sampling field's range (the daemon would refuse the rest, but in its own
+    spelling of the number, -1.0 for -1)."""
+    return _in_range(text, 0.0, MAX_TEMPERATURE, f"a number from 0 (greedy) to {MAX_TEMPERATURE:g}", lo_open=False)
 
 
 def _timeout(text: str) -> float:
@@ -74,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("text", help="the user message")
     chat.add_argument("--system", help="a system message before it")
     chat.add_argument("--max-tokens", type=int, default=None, help="cap on generated tokens (default: the daemon's)")
-    chat.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    chat.add_argument("--temperature", type=_temperature, default=0.0, help="sampling temperature (default 0: greedy)")
     chat.add_argument("--seed", type=int, default=None, help="sampling seed")
     status = sub.add_parser("status", parents=[common], help="draw the pools, lanes, queue and retained states")
     status.add_argument("--watch", action="store_true", help="redraw every second until interrupted")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from .wire import (MAX_STOP, MAX_TOKENS_LIMIT, ProtocolError, _bad, _bool, _int, _json_type, _num, _obj, _opt,
                    _shown)
 
+MAX_TEMPERATURE = 2.0   # the temperature field's upper bound (OpenAI's); 0 is greedy
 
 @dataclass(frozen=True)
 class Sampling:
@@ -68,7 +69,7 @@ def parse_sampling(obj: dict) -> Sampling:
         stops = list(stop)
     return Sampling(
         max_tokens=mt if mt is not None else mct,
-        temperature=_opt(obj, "temperature", 1.0, _num, 0.0, 2.0),
+        temperature=_opt(obj, "temperature", 1.0, _num, 0.0, MAX_TEMPERATURE),
         top_p=_opt(obj, "top_p", 1.0, _num, 0.0, 1.0, True),
         top_k=_opt(obj, "top_k", 0, _int, 0, MAX_TOKENS_LIMIT),
         min_p=_opt(obj, "min_p", 0.0, _num, 0.0, 1.0),
@@ -115,7 +116,8 @@ def _response_format(v) -> None:
     if t in RESPONSE_FORMATS_SERVED:
         return
     if t in ("json_object", "json_schema"):
-        raise ProtocolError("model_unsupported", f"{t} (structured output) is not supported; ask for JSON in the "
-                              "prompt, or force a tool call with tools and tool_choice naming a function whose "
-                              "parameters are the schema", "response_format.type")
+        f = "response_format.type"
+        raise ProtocolError("model_unsupported", f"{f}: {t} (structured output) is not supported; ask for JSON in "
+                            "the prompt, or force a tool call with tools and tool_choice naming a function whose "
+                            "parameters are the schema", f)
     raise _bad("response_format.type", f"must be text, json_object or json_schema; got {_shown(t)}")

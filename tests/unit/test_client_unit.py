@@ -336,6 +336,22 @@ def test_cli_timeout_must_be_positive_finite_seconds(bad, capsys):
                         f"1,000,000,000 (leave --timeout out to wait without a limit), got '{bad}'\n")
 
 
+@pytest.mark.parametrize("bad", ["-1", "2.5", "nan", "inf", "warm"])
+def test_cli_temperature_is_checked_as_typed(bad, capsys):
+    # the daemon refused -1 too, but as "got -1.0" (argparse's float); the CLI refuses it before connecting, in the
+    # user's own spelling, exit 2
+    with pytest.raises(SystemExit) as e:
+        cli.main(["chat", "hi", "--temperature", bad, "--socket", "/nonexistent/s.sock"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith(f"ignis chat: error: argument --temperature: must be a number from 0 "
+                                            f"(greedy) to 2, got '{bad}'\n")
+
+
+@pytest.mark.parametrize("ok, want", [("0", 0.0), ("2", 2.0), ("0.7", 0.7)])
+def test_cli_temperature_takes_the_range_ends(ok, want):
+    assert cli._parser().parse_args(["chat", "hi", "--temperature", ok]).temperature == want
+
+
 @pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), 2e9, True, "5"])
 def test_client_timeout_is_checked_at_construction(bad):
     # timeout=0 made the socket non-blocking (BlockingIOError on the first read), -1 a ValueError deep in

@@ -174,6 +174,28 @@ def test_responses_probe_and_refusals():
     assert R.remap(e.value, paths).field == "max_output_tokens"
 
 
+def _parsed_refusal(to_chat, remap, body: dict) -> tuple[str, str, str]:
+    chat, paths = to_chat(body, True) if to_chat is A.to_chat else to_chat(body)
+    with pytest.raises(P.ProtocolError) as e:
+        parse_op(chat, "chat", "x")
+    e = remap(e.value, paths)
+    return e.code, e.field, e.message
+
+
+def test_structured_output_refusal_names_each_fronts_field():
+    """json_schema is refused by the chat parser as response_format.type; each front names its own field, at the
+    start of the message as every other refusal does (the message used to open with the type, naming no field)."""
+    user = [{"role": "user", "content": "hi"}]
+    got = _parsed_refusal(R.to_chat, R.remap, {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x",
+                                                                                  "schema": {}}}})
+    assert got[:2] == ("model_unsupported", "text.format.type")
+    assert got[2].startswith("text.format.type: json_schema (structured output) is not supported"), got[2]
+    got = _parsed_refusal(A.to_chat, A.remap, {"messages": user, "max_tokens": 8,
+                                               "output_format": {"type": "json_schema", "schema": {}}})
+    assert got[:2] == ("model_unsupported", "output_format.type")
+    assert got[2].startswith("output_format.type: json_schema (structured output) is not supported"), got[2]
+
+
 # ---------------------------------------------------------------- template faithfulness (every front, the socket)
 
 @pytest.fixture(scope="module")

@@ -46,6 +46,7 @@ def test_logit_bias_and_penalties_parse():
 def test_refusals_name_the_field(fields, code, field, words):
     e = _err({"op": "chat", "messages": USER, **fields})
     assert (e.code, e.field) == (code, field) and words in e.message, e.message
+    assert e.message.startswith(f"{field}: "), e.message      # every refusal opens with the field it names
 
 
 def test_text_response_format_is_what_every_reply_is():
