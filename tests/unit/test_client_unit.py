@@ -324,27 +324,29 @@ def test_cli_chat_cancelled_answer_says_so_and_fails(daemon, capsys):
                    'or reloaded before the answer was done)\n')
 
 
-@pytest.mark.parametrize("bad", ["0", "-1", "inf", "nan", "abc", "2e9"])
-def test_cli_timeout_must_be_positive_finite_seconds(bad, capsys):
-    # 0 made the socket non-blocking (BlockingIOError), -1 a ValueError; 2e9 s is past the 1e9 cap (time_t overflows
-    # near 9.2e9 s); argparse refuses them all before any connection, exit 2
-    with pytest.raises(SystemExit) as e:
-        cli.main(["health", "--timeout", bad, "--socket", "/nonexistent/s.sock"])
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert err.endswith(f"ignis health: error: argument --timeout: must be a number of seconds above 0 and at most "
-                        f"1,000,000,000 (leave --timeout out to wait without a limit), got '{bad}'\n")
+NUMBER_OPTIONS = {   # option: (argv before it, what the refusal says is wanted)
+    # --timeout 0 made the socket non-blocking (BlockingIOError), -1 a ValueError; 2e9 s is past the 1e9 cap (time_t
+    # overflows near 9.2e9 s)
+    "--timeout": (["health"], "a number of seconds above 0 and at most 1,000,000,000 (leave --timeout out to wait "
+                              "without a limit)"),
+    # the daemon refused -1 too, but as "got -1.0" (argparse's float)
+    "--temperature": (["chat", "hi"], "a number from 0 (greedy) to 2"),
+    # a negative rate priced the lost tokens at negative seconds
+    "--prefill-rate": (["lint", "/nonexistent/trace.jsonl"], "prefill tokens/s, a finite number above 0"),
+}
 
 
-@pytest.mark.parametrize("bad", ["-1", "2.5", "nan", "inf", "warm"])
-def test_cli_temperature_is_checked_as_typed(bad, capsys):
-    # the daemon refused -1 too, but as "got -1.0" (argparse's float); the CLI refuses it before connecting, in the
-    # user's own spelling, exit 2
+@pytest.mark.parametrize("option, bad", [("--timeout", b) for b in ("0", "-1", "inf", "nan", "abc", "2e9")]
+                         + [("--temperature", b) for b in ("-1", "2.5", "nan", "inf", "warm")]
+                         + [("--prefill-rate", b) for b in ("0", "-500", "inf", "nan", "fast")])
+def test_cli_number_options_are_checked_as_typed(option, bad, capsys):
+    """argparse refuses each before any connection, exit 2, naming the option and echoing the text given."""
+    before, wanted = NUMBER_OPTIONS[option]
     with pytest.raises(SystemExit) as e:
-        cli.main(["chat", "hi", "--temperature", bad, "--socket", "/nonexistent/s.sock"])
+        cli.main([*before, option, bad, "--socket", "/nonexistent/s.sock"])
     assert e.value.code == 2
-    assert capsys.readouterr().err.endswith(f"ignis chat: error: argument --temperature: must be a number from 0 "
-                                            f"(greedy) to 2, got '{bad}'\n")
+    assert capsys.readouterr().err.endswith(f"ignis {before[0]}: error: argument {option}: must be {wanted}, "
+                                            f"got '{bad}'\n")
 
 
 @pytest.mark.parametrize("ok, want", [("0", 0.0), ("2", 2.0), ("0.7", 0.7)])
@@ -369,16 +371,6 @@ def test_client_timeout_is_checked_at_construction(bad):
 def test_client_max_line_bytes_is_checked_at_construction(bad):
     with pytest.raises(ValueError, match=r"^max_line_bytes must be an int of at least 1 \(bytes\); got "):
         Client("/nonexistent/s.sock", max_line_bytes=bad)
-
-
-@pytest.mark.parametrize("bad", ["0", "-500", "inf", "nan", "fast"])
-def test_cli_prefill_rate_must_be_positive_finite(bad, capsys):
-    # a negative rate priced the lost tokens at negative seconds; argparse refuses it before any connection, exit 2
-    with pytest.raises(SystemExit) as e:
-        cli.main(["lint", "/nonexistent/trace.jsonl", "--prefill-rate", bad, "--socket", "/nonexistent/s.sock"])
-    assert e.value.code == 2
-    assert capsys.readouterr().err.endswith(f"ignis lint: error: argument --prefill-rate: must be prefill tokens/s, "
-                                            f"a finite number above 0, got '{bad}'\n")
 
 
 def test_cli_reply_timeout_is_not_called_a_connection_failure(daemon, capsys):
