@@ -25,8 +25,8 @@ from ignisd.edge_events import (ChatMessage, EdgeDelta, EdgeDone, EdgeError, Edg
                                 TopLogprob, ToolCall, ToolCallPiece, Usage)
 from ignisd.log import get_logger
 from ignisd.prompt import Prompt, Prompts
-from ignisd.request import (DoneEvent, ErrorEvent, FinishReason, Priority, Request, ReuseInfo, SamplingParams,
-                            TokenEvent, context_message)
+from ignisd.request import (AdmittedEvent, DoneEvent, ErrorEvent, FinishReason, Priority, Request, ReuseInfo,
+                            SamplingParams, TokenEvent, context_message)
 from ignisd.text.output_parser import OutputParser, count_in_spans, make_output_parser, prompt_starts_in_reasoning
 from ignisd.text.tool_choice import AUTO, ToolChoice, resolve_tool_choice
 from ignisd.text.stream import StreamDecoder
@@ -52,8 +52,8 @@ class Generation:
     logprobs: bool = False
     stop_hit: bool = field(default=False, init=False)
     cached_tokens: int | None = field(default=None, init=False)
-    """The prompt tokens restored (DESIGN §4.7), known from the first generated token on (TokenEvent.cached_tokens,
-    then the DoneEvent); None before."""
+    """The prompt tokens restored (DESIGN §4.7), known once the request has a lane (AdmittedEvent: as planned), then
+    as done (the first TokenEvent's cached_tokens, then the DoneEvent's); None while it waits for a lane."""
 
 
 def _pieces(calls) -> tuple[ToolCallPiece, ...] | None:
@@ -199,6 +199,9 @@ class Edge:
             if isinstance(ev, DoneEvent):
                 gen.cached_tokens = ev.cached_tokens
                 break
+            if isinstance(ev, AdmittedEvent):     # reuse known before the first token (its prefill may be long)
+                gen.cached_tokens = ev.cached_tokens
+                continue
             assert isinstance(ev, TokenEvent)
             if ev.cached_tokens is not None:
                 gen.cached_tokens = ev.cached_tokens

@@ -57,7 +57,8 @@ class Engine:
 
     # ---- server side ----
     def submit(self, req: Request) -> asyncio.Queue:
-        """Queue `req`; returns the queue its TokenEvent / DoneEvent / ErrorEvent objects arrive on.
+        """Queue `req`; returns the queue its events arrive on: one AdmittedEvent when it gets a lane, TokenEvents,
+        then one DoneEvent or ErrorEvent (an ErrorEvent may also come before admission).
 
         Raises ValueError if a request with the same rid is in flight.
         """
@@ -184,6 +185,8 @@ class Engine:
             except Exception as e:          # a bookkeeping bug: fail what is queued and running, keep serving
                 self._bookkeeping_failed("schedule", e, None)
                 continue
+            for ev in self.scheduler.take_admitted():   # before the round: its prefill may take seconds
+                self._emit(ev)
             if plan.empty:
                 self._wake.clear()
                 self.disk.poll()          # reads this schedule() asked for (an evicted sequence's file): they wake it

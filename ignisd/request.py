@@ -126,6 +126,17 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
+class AdmittedEvent:
+    """Request `rid` was given a lane: cached_tokens of its prompt are restored rather than prefilled (DESIGN §4.7),
+    as planned at admission (the DoneEvent's count, unless a restore fails or a preemption later makes the sequence
+    recompute). Sent once, before the round that starts its prefill runs, so a front can report reuse before the
+    first token (whose prefill may take seconds)."""
+
+    rid: str
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
 class DoneEvent:
     """The request ended. Token counts are tokens; times are milliseconds.
 

@@ -27,7 +27,7 @@ from ignisd.cache.manager import CacheManager
 from ignisd.eviction import BLOCKED, LOST, Evictions
 from ignisd.log import get_logger
 from ignisd.plan import DECODE, PREFILL, CaptureOp, ItemResult, PlanItem, RoundPlan
-from ignisd.request import DoneEvent, FinishReason, Priority, Request, TokenEvent, context_message
+from ignisd.request import AdmittedEvent, DoneEvent, FinishReason, Priority, Request, TokenEvent, context_message
 from ignisd.reuse_report import is_short, queued_reuse_info, reuse_info
 from ignisd.sequence import AdmissionError, QueueFull, Sequence, SeqState
 from ignisd.traversal import plan_traversals
@@ -53,7 +53,7 @@ class Scheduler:
         self.max_queue = max_queue
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.finished_events: list = []
+        self.admitted: list[AdmittedEvent] = []   # since the engine last took them (take_admitted)
         self._held_long = False      # the last round ran only the prefills that ended in it
         self.evictions = Evictions(self, evict_window_pages)
 
@@ -136,6 +136,7 @@ class Scheduler:
                 s.prompt_logprobs = [None]
             s.resume = s.computed = adm.resumed
             s.reuse = reuse_info(self.cache, req, adm.match)
+            self.admitted.append(AdmittedEvent(s.rid, adm.resumed))
             s.plan = plan_traversals(adm.resumed, req.publish, req.opener, len(req.prompt_ids),
                                      chunk_tokens=self.chunk, page_tokens=self.cache.page_tokens,
                                      split=not self.cache.free_captures)
@@ -203,6 +204,12 @@ class Scheduler:
         return PlanItem(s.rid, start, tuple(ids), tuple(s.pages), s.slot,
                         PREFILL if s.state is SeqState.PREFILL else DECODE, logits, sample, req.sampling,
                         req.prompt_logprobs, targets, captures, force, generated)
+
+    def take_admitted(self) -> list[AdmittedEvent]:
+        """The AdmittedEvents of the requests given a lane since the last call (first admissions only: not a
+        readmission after eviction, nor a recompute)."""
+        out, self.admitted = self.admitted, []
+        return out
 
     def schedule(self) -> RoundPlan:
         """Admit what fits, then plan one round: a decode token per decoding lane and whole prefill chunks up to the

@@ -38,12 +38,12 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 
 
 def _daemon_factory():
-    """A start(args) → running DaemonProc factory, as a generator: it yields the factory, then stops every daemon
-    it started (all asked at once, so the teardown lasts as long as the slowest shutdown, not their sum)."""
+    """A start(args, env=None) → running DaemonProc factory, as a generator: it yields the factory, then stops every
+    daemon it started (all asked at once, so the teardown lasts as long as the slowest shutdown, not their sum)."""
     procs: list[DaemonProc] = []
 
-    def start(args: list[str]) -> DaemonProc:
-        d = DaemonProc(args, Path(tempfile.mkdtemp(prefix="ignis-", dir="/tmp")))
+    def start(args: list[str], env: dict | None = None) -> DaemonProc:
+        d = DaemonProc(args, Path(tempfile.mkdtemp(prefix="ignis-", dir="/tmp")), env=env)
         procs.append(d)
         return d
 

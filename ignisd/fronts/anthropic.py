@@ -9,9 +9,10 @@ parsed tool calls, ``input`` an object), ``stop_reason`` end_turn | max_tokens |
 
 Usage, always all four: ``input_tokens`` (prompt tokens not restored), ``output_tokens``, ``cache_read_input_tokens``
 (the prompt tokens restored, DESIGN §4.7) and ``cache_creation_input_tokens`` (0: keeping state costs the client
-nothing); input + cache_read = the prompt's tokens. ``message_start`` carries the split as known when it is sent:
-after the first generated token (``Generation.cached_tokens``) it is the reuse the engine made; a stream whose
-first token takes over a second (sse.FIRST_EVENT_WAIT_S) starts before, with cache_read 0 and input_tokens the whole
+nothing); input + cache_read = the prompt's tokens. ``message_start`` carries the split as known when it is sent
+(``Generation.cached_tokens``): the stream starts at the first token or after a second (sse.FIRST_EVENT_WAIT_S),
+and by then a request that got a lane has its reuse planned (the engine's AdmittedEvent), even when its prefill
+runs longer; only one still queued for a lane a second in starts with cache_read 0 and input_tokens the whole
 prompt. ``message_delta`` carries the final counts, which the SDKs take. The ``ignis`` object
 (reuse, timings, finish_reason) rides on the message and on ``message_delta``.
 

@@ -4,6 +4,10 @@ cancellation on a dropped connection, and Claude Code's billing-header nonce (st
 in it resume from the same retained state; kept: they do not). Expected values come from the socket's ops."""
 from __future__ import annotations
 
+import tempfile
+import time
+from pathlib import Path
+
 import anthropic
 import pytest
 from http_support import HTTP_KEY, anthropic_client, done_line, http, http_addr, wait_idle
@@ -83,6 +87,36 @@ def test_second_turn_reads_the_cache(http_llama, stream):
     assert u2.input_tokens + u2.cache_read_input_tokens == n2 and u2.cache_creation_input_tokens == 0
     assert c.messages.count_tokens(model="m", system=SYSTEM, messages=msgs2).input_tokens == n2
     wait_idle(d)
+
+
+def test_message_start_reports_reuse_before_a_slow_first_token(start_daemon, tiny_llama_dir):
+    """Each prefill round waits 1.5 s first (tests/seams), so a second turn's message_start (sent a second in) goes
+    out before its first token: it must already carry the reuse split that message_delta reports (the engine's
+    admission event; it said cache_read 0 and the whole prompt as input before)."""
+    path = Path(tempfile.mkdtemp(prefix="ignis-http-", dir="/tmp")) / "http.sock"
+    seams = {"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "seams"), "IGNIS_TEST_PREFILL_DELAY_S": "1.5"}
+    d = start_daemon(["--model", str(tiny_llama_dir), "--lanes", "2", "--vram-kv-pool-bytes", "4Ktok",
+                      "--model-context-tokens", "1024", "--server-http-listen", f"unix:{path}"], env=seams)
+    c = anthropic_client(http_addr(d))
+
+    def ask(msgs):
+        at = {}
+        with c.messages.stream(model="m", max_tokens=2, system=SYSTEM, messages=msgs, extra_body=T0) as st:
+            t0 = time.monotonic()
+            for ev in st:
+                at.setdefault(ev.type, (time.monotonic() - t0, ev))
+            m = st.get_final_message()
+        return at, m
+    at1, m1 = ask([{"role": "user", "content": USER1}])
+    at2, m2 = ask([{"role": "user", "content": USER1}, {"role": "assistant", "content": m1.content[0].text},
+                   {"role": "user", "content": "And the bridges?"}])
+    for at, m in ((at1, m1), (at2, m2)):
+        t_start, start = at["message_start"]
+        t_first = at["content_block_delta"][0]
+        assert t_first - t_start > 0.3, (t_start, t_first)     # the case under test: message_start came first
+        u = start.message.usage
+        assert (u.input_tokens, u.cache_read_input_tokens) == (m.usage.input_tokens, m.usage.cache_read_input_tokens)
+    assert m1.usage.cache_read_input_tokens == 0 and m2.usage.cache_read_input_tokens > 0
 
 
 def test_tools_and_tool_results(http_qwen):

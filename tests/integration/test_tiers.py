@@ -264,7 +264,7 @@ def test_live_eviction_resumes_bit_exact_and_streams_every_token_once(start_daem
 
 @pytest.mark.parametrize("disk", ["64M", "tmpfs"])
 def test_live_eviction_on_a_slow_disk_resumes_from_the_bytes_in_memory(tiny_llama_dir, cold, disk, tmp_path):
-    """Every KV-disk write waits 3 s first (tests/slow_disk): the evicted agent is admitted again while its file is
+    """Every KV-disk write waits 3 s first (tests/seams): the evicted agent is admitted again while its file is
     still being written, so it resumes from its bytes still in memory, never recomputed, with the uninterrupted text;
     status shows the write in flight; the file written after its sequence resumed is deleted, and on a 64 KiB tmpfs
     the late failure is counted and changes nothing."""
@@ -274,7 +274,7 @@ def test_live_eviction_on_a_slow_disk_resumes_from_the_bytes_in_memory(tiny_llam
     if full and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(kv)],
                                capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here")
-    slow = {"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "slow_disk"), "IGNIS_TEST_WRITE_DELAY_S": "3"}
+    slow = {"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "seams"), "IGNIS_TEST_WRITE_DELAY_S": "3"}
     d = DaemonProc(["--model", str(tiny_llama_dir), "--lanes", "2", "--vram-kv-pool-bytes", "4Ktok",
                     "--model-context-tokens", "1024", "--reuse-kv-host-pool-bytes", arena,
                     "--reuse-evict-window-pages", "2", "--kv-disk-bytes", "64M", "--kv-disk-dir", str(kv)],

@@ -5,6 +5,7 @@ real ones; only the forward pass is replaced. The fake runner answers every samp
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -15,7 +16,7 @@ from ignisd.cache.retained_state import Stamp
 from ignisd.cache.state_slots import StateSlots
 from ignisd.engine import Engine
 from ignisd.plan import ItemResult, RoundPlan, RoundResult
-from ignisd.request import DoneEvent, ErrorEvent, FinishReason, Request, SamplingParams, TokenEvent
+from ignisd.request import AdmittedEvent, DoneEvent, ErrorEvent, FinishReason, Request, SamplingParams, TokenEvent
 from ignisd.scheduler import Scheduler
 
 PT = 64
@@ -147,6 +148,31 @@ def test_the_next_turn_resumes_at_the_checkpoint():
     assert (done.cached_tokens, done.prefilled_tokens, done.reuse.kind, done.reuse.tier) == (250, 100, "checkpoint",
                                                                                             "device")
     assert ck.pins == 0 and engine.integrity_checks == 2
+
+
+def test_admission_event_precedes_the_prefill_round():
+    """A request's first event says how much of its prompt is restored, sent before the round that starts its
+    prefill runs (a front reports reuse before the first token, whose prefill may take seconds); it matches the
+    DoneEvent's count."""
+    engine, runner = make(hybrid=True)
+    turn2 = PROMPT[:250] + list(range(5000, 5100))
+    admitted = threading.Event()
+    seen = {}
+
+    async def body(e):
+        first = await drain(e.submit(req("a", PROMPT, publish=128, opener=250)))
+        q = e.submit(req("b", turn2, publish=128, opener=None, max_tokens=2))
+        # b's first round waits (in the forward's thread) for b's first event to reach the client side
+        runner.hooks[len(runner.plans)] = lambda: seen.update(during=admitted.wait(5))
+        events = [await asyncio.wait_for(q.get(), 10)]
+        admitted.set()
+        return first, events + await drain(q)
+
+    first, events = run(engine, body)
+    assert first[0] == AdmittedEvent("a", 0) and first[-1].cached_tokens == 0
+    assert seen["during"] is True
+    assert events[0] == AdmittedEvent("b", 250) and isinstance(events[1], TokenEvent)
+    assert events[-1].cached_tokens == 250 and sum(isinstance(ev, AdmittedEvent) for ev in events) == 1
 
 
 def test_cancel_mid_prefill_and_stop_token():
