@@ -62,18 +62,29 @@ def timings_object(t: Timings) -> dict:
                      decode_tokens_per_s=round(t.decode_tokens_per_s, 2))
 
 
-def done_reply(rid: str, ev: EdgeDone) -> dict:
-    """The `done` line: usage, timings (rounded: ms to 3 decimals, rates to 2), ignis.reuse, and the chat message,
-    logprobs and prompt_logprobs when present."""
+def usage_object(ev: EdgeDone, chat: bool = False) -> dict:
+    """OpenAI's usage (token counts) with prompt_tokens_details.cached_tokens; a chat reply's also with
+    completion_tokens_details.reasoning_tokens (the completion tokens of the reasoning, ``</think>`` included:
+    ignisd.edge_events.Usage). The socket's `done` and the chat completions front both answer with it."""
     u = ev.usage
+    out = P.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
+    if chat:
+        out["completion_tokens_details"] = {"reasoning_tokens": u.reasoning_tokens}
+    return out
+
+
+def done_reply(rid: str, ev: EdgeDone) -> dict:
+    """The `done` line: usage (a chat's also with completion_tokens_details.reasoning_tokens, the completion tokens
+    of the reasoning: ignisd.edge_events.Usage), timings (rounded: ms to 3 decimals, rates to 2), ignis.reuse, and
+    the chat message, logprobs and prompt_logprobs when present."""
     timings = timings_object(ev.timings)
     message = None
     if ev.message is not None:
         m = ev.message
         message = P.chat_message(m.content, m.reasoning_content,
                                  [tool_call(c) for c in m.tool_calls] if m.tool_calls else None)
-    return P.done(rid, ev.text, ev.finish_reason.value, P.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens),
-                  timings, reuse_object(ev.reuse), message=message,
+    return P.done(rid, ev.text, ev.finish_reason.value, usage_object(ev, chat=message is not None), timings,
+                  reuse_object(ev.reuse), message=message,
                   logprobs=[logprob_entry(lp) for lp in ev.logprobs] if ev.logprobs is not None else None,
                   prompt_logprobs=ev.prompt_logprobs)
 

@@ -22,7 +22,7 @@ from aiohttp import web
 from ignis_client import protocol as P
 
 from ignisd.edge_events import EdgeDelta, EdgeDone, EdgeError, TokenLogprob
-from ignisd.fronts.ndjson import reuse_object, timings_object, tool_call, tool_call_piece
+from ignisd.fronts.ndjson import reuse_object, timings_object, tool_call, tool_call_piece, usage_object
 from ignisd.fronts.sse import (STATUS, answer, dumps, error_headers, new_id, parse_op, read_json, request_id,
                                sse_data)
 
@@ -48,17 +48,6 @@ def error_object(ev: EdgeError) -> dict:
     status = STATUS.get(ev.code, 500)
     return {"error": {"message": ev.message, "type": ERROR_TYPES[status], "param": ev.field,
                       "code": CODES.get(ev.code, ev.code)}}
-
-
-def usage_object(ev: EdgeDone, chat: bool = False) -> dict:
-    """OpenAI's usage (token counts) with prompt_tokens_details.cached_tokens; a chat reply's also with
-    completion_tokens_details.reasoning_tokens (the completion tokens of the reasoning, ``</think>`` included:
-    ignisd.edge_events.Usage)."""
-    u = ev.usage
-    out = P.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
-    if chat:
-        out["completion_tokens_details"] = {"reasoning_tokens": u.reasoning_tokens}
-    return out
 
 
 def ignis_object(ev: EdgeDone) -> dict:

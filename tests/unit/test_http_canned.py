@@ -10,9 +10,11 @@ import re
 import anthropic
 import openai
 import pytest
+from ignis_client import protocol as P
 from http_support import InProcess, ScriptedEngine, anthropic_client, http, openai_client, sse
 
 from ignisd.edge import Edge
+from ignisd.fronts.ndjson import NdjsonFront
 from ignisd.text.chat_template import ChatTemplate
 
 
@@ -159,6 +161,33 @@ def test_reasoning_tokens_in_each_usage_shape(srv, tok, text, reasoning):
     chunks = list(c.chat.completions.create(model="m", messages=USER, tools=[WEATHER], stream=True,
                                             stream_options={"include_usage": True}))
     assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == want
+    # the socket's done line: the same field as chat completions (it had none)
+    for stream in (False, True):
+        done = socket_chat(s, {"messages": USER, "tools": [WEATHER], "stream": stream})[-1]
+        assert done["type"] == "done" and done["usage"]["completion_tokens"] == total
+        assert done["usage"]["completion_tokens_details"] == {"reasoning_tokens": want}
+
+
+class _Conn:
+    """What NdjsonFront needs of a socket connection (ignisd.server.Connection): the replies it sends, in order."""
+    closed = False
+
+    def __init__(self):
+        self.rids, self.sent = {}, []
+
+    def rid(self, client_id: str) -> str:
+        return f"t:{client_id}"
+
+    async def send(self, obj: dict) -> None:
+        self.sent.append(obj)
+
+
+def socket_chat(s, body: dict) -> list[dict]:
+    """The socket front's replies to a chat op, answered by the served Edge (the daemon's NdjsonFront)."""
+    conn = _Conn()
+    front = NdjsonFront(s.front.edge)
+    s.call(front.answer(conn, P.parse_request({"id": "c", "op": "chat", **body})))
+    return conn.sent
 
 
 def test_reasoning_tokens_of_a_reply_cut_by_a_stop_string(srv, tok):
