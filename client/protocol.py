@@ -18,7 +18,7 @@ from typing import Mapping
 
 from .ops import (BODY_APIS, CancelOp, ChatOp, CompletionOp, DetokenizeOp, Op, SimpleOp, TokenizeOp, parse_envelope,
                   parse_messages, parse_request)
-from .sampling_fields import Sampling, parse_sampling
+from .sampling_fields import Sampling, check_response_format, parse_sampling
 from .replies import (TIMING_KEYS, chat_message, delta, done, empty_reuse, empty_status, result, reuse, timings,
                       usage)
 from .wire import (DEFAULT_MAX_LINE_BYTES, ERROR_CODES, FINISH_REASONS, KINDS, MAX_ID_CHARS, MAX_STOP,
@@ -32,7 +32,7 @@ __all__ = [
     "ProtocolError", "decode_line", "encode", "error",
     # ops
     "BODY_APIS", "Sampling", "ChatOp", "CompletionOp", "CancelOp", "TokenizeOp", "DetokenizeOp", "SimpleOp", "Op",
-    "parse_envelope", "parse_request", "parse_sampling", "parse_messages",
+    "parse_envelope", "parse_request", "parse_sampling", "parse_messages", "check_response_format",
     # replies
     "delta", "usage", "TIMING_KEYS", "timings", "reuse", "empty_reuse", "chat_message", "done", "result",
     "empty_status",

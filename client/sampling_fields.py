@@ -43,8 +43,8 @@ class Sampling:
 
 def parse_sampling(obj: dict) -> Sampling:
     """The sampling fields of a chat or completion body (``max_completion_tokens`` is OpenAI's newer name). A
-    ``response_format`` asking for structured output is refused (``_response_format``)."""
-    _response_format(obj.get("response_format"))
+    ``response_format`` asking for structured output is refused (``check_response_format``)."""
+    check_response_format(obj.get("response_format"))
     mt = _opt(obj, "max_tokens", None, _int, 1, MAX_TOKENS_LIMIT)
     mct = _opt(obj, "max_completion_tokens", None, _int, 1, MAX_TOKENS_LIMIT)
     if mt is not None and mct is not None and mt != mct:
@@ -106,10 +106,11 @@ def _logit_bias(v) -> dict[int, float]:
 RESPONSE_FORMATS_SERVED = ("text",)
 
 
-def _response_format(v) -> None:
+def check_response_format(v) -> None:
     """OpenAI's response_format: {"type": "text"} is what every reply is; json_object and json_schema (structured
     output) need constrained decoding, which this server does not do: refused (model_unsupported, naming the field)
-    rather than answered with free text."""
+    rather than answered with free text. Raises ProtocolError naming response_format(.type); a front that takes the
+    format under another name renames it (chat_body.renamed)."""
     if v is None:
         return
     t = _obj(v, "response_format").get("type")

@@ -27,7 +27,7 @@ from aiohttp import web
 from ignis_client import protocol as P
 
 from ignisd.edge_events import EdgeDelta, EdgeDone, EdgeError
-from ignisd.fronts.anthropic_request import remap, to_chat
+from ignisd.fronts.anthropic_request import check_output_format, remap, to_chat
 from ignisd.fronts.ndjson import reuse_object, timings_object
 from ignisd.fronts.openai import model_name
 from ignisd.fronts.sse import (STATUS, answer, dumps, error_headers, new_id, parse_op, read_json, request_id,
@@ -185,6 +185,8 @@ class AnthropicFront:
             raise P.ProtocolError("bad_request", "max_tokens: required (the Messages API has no default: the most "
                                   "tokens to generate, an integer >= 1)", "max_tokens")
         chat, paths = to_chat(body, self.http.strip_billing_header)
+        if op_name == "chat":
+            check_output_format(body)
         try:
             return body, parse_op(chat, op_name, rid), paths
         except P.ProtocolError as e:

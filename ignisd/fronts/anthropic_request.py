@@ -227,10 +227,6 @@ def to_chat(body: dict, strip_billing: bool) -> tuple[dict, list[str]]:
         chat["tools"] = tools
     if (tc := _tool_choice(body.get("tool_choice"))) is not None:
         chat["tool_choice"] = tc
-    fmt = body.get("output_format") or ((body.get("output_config") or {}).get("format")
-                                        if isinstance(body.get("output_config"), dict) else None)
-    if isinstance(fmt, dict):             # structured output (json_schema): refused by the chat parse
-        chat["response_format"] = {"type": fmt.get("type")}
     kwargs = body.get("chat_template_kwargs")
     think = _thinking(body.get("thinking"))
     if think is not None:
@@ -240,13 +236,25 @@ def to_chat(body: dict, strip_billing: bool) -> tuple[dict, list[str]]:
     return chat, paths
 
 
+def check_output_format(body: dict) -> None:
+    """Structured output (``output_format``, or ``output_config.format``: json_schema) is refused as the chat's
+    response_format is (P.check_response_format), naming the field the client used. For a generation only:
+    count_tokens counts the prompt whatever format is asked."""
+    name, fmt = "output_format", body.get("output_format")
+    if fmt is None and isinstance(body.get("output_config"), dict):
+        name, fmt = "output_config.format", body["output_config"].get("format")
+    if isinstance(fmt, dict):
+        try:
+            P.check_response_format({"type": fmt.get("type")})
+        except P.ProtocolError as e:
+            raise renamed(e, f"{name}.type") from None
+
+
 def remap(e: P.ProtocolError, paths: list[str]) -> P.ProtocolError:
     """`e` with a chat message path (``messages[k]…``) rewritten as the Anthropic path it came from."""
     new = message_path(e.field, paths)
     if new is None:
         if e.field == "stop" or (e.field or "").startswith("stop["):
             e.field = "stop_sequences" + e.field[4:]
-        elif e.field == "response_format.type":
-            return renamed(e, "output_format.type")
         return e
     return renamed(e, new)

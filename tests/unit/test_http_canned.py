@@ -320,3 +320,19 @@ def test_a_silent_stream_gets_keepalives_the_sdks_ignore(srv, monkeypatch):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hello there"
     with anthropic_client(s.addr).messages.stream(model="m", max_tokens=8, messages=USER) as st:
         assert "".join(st.text_stream) == "hello there"
+
+
+def test_messages_refuse_structured_output_by_its_field_and_count_tokens_counts(srv):
+    """A Messages request asking for json_schema output is refused (400, model_unsupported) naming the field the
+    client used; count_tokens of the same body still counts the prompt."""
+    s, engine = srv
+    body = {"model": "m", "max_tokens": 8, "messages": USER,
+            "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}
+    r = http(s.addr).post("/v1/messages", json=body)
+    err = r.json()["error"]
+    assert (r.status_code, err["ignis"]["code"], err["ignis"]["field"]) == (400, "model_unsupported",
+                                                                            "output_config.format.type")
+    assert err["message"].startswith("output_config.format.type: json_schema (structured output)")
+    assert engine.submitted == []
+    r = http(s.addr).post("/v1/messages/count_tokens", json=body)
+    assert r.status_code == 200 and r.json()["input_tokens"] > 0

@@ -174,26 +174,27 @@ def test_responses_probe_and_refusals():
     assert R.remap(e.value, paths).field == "max_output_tokens"
 
 
-def _parsed_refusal(to_chat, remap, body: dict) -> tuple[str, str, str]:
-    chat, paths = to_chat(body, True) if to_chat is A.to_chat else to_chat(body)
+def test_structured_output_refusal_names_each_fronts_field():
+    """json_schema is refused as the chat's response_format.type; each front names the field its client used, at
+    the start of the message as every other refusal does (the message used to open with the type, naming no field;
+    the Anthropic front called output_config.format output_format)."""
+    chat, paths = R.to_chat({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}})
     with pytest.raises(P.ProtocolError) as e:
         parse_op(chat, "chat", "x")
-    e = remap(e.value, paths)
-    return e.code, e.field, e.message
-
-
-def test_structured_output_refusal_names_each_fronts_field():
-    """json_schema is refused by the chat parser as response_format.type; each front names its own field, at the
-    start of the message as every other refusal does (the message used to open with the type, naming no field)."""
-    user = [{"role": "user", "content": "hi"}]
-    got = _parsed_refusal(R.to_chat, R.remap, {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x",
-                                                                                  "schema": {}}}})
-    assert got[:2] == ("model_unsupported", "text.format.type")
-    assert got[2].startswith("text.format.type: json_schema (structured output) is not supported"), got[2]
-    got = _parsed_refusal(A.to_chat, A.remap, {"messages": user, "max_tokens": 8,
-                                               "output_format": {"type": "json_schema", "schema": {}}})
-    assert got[:2] == ("model_unsupported", "output_format.type")
-    assert got[2].startswith("output_format.type: json_schema (structured output) is not supported"), got[2]
+    e = R.remap(e.value, paths)
+    assert (e.code, e.field) == ("model_unsupported", "text.format.type")
+    assert e.message.startswith("text.format.type: json_schema (structured output) is not supported"), e.message
+    user = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    for body, name in (({"output_format": {"type": "json_schema", "schema": {}}}, "output_format"),
+                       ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config.format")):
+        with pytest.raises(P.ProtocolError) as e:
+            A.check_output_format({**user, **body})
+        assert (e.value.code, e.value.field) == ("model_unsupported", f"{name}.type")
+        assert e.value.message.startswith(f"{name}.type: json_schema (structured output) is not supported")
+    with pytest.raises(P.ProtocolError) as e:
+        A.check_output_format({**user, "output_config": {"format": {"type": "yaml"}}})
+    assert (e.value.code, e.value.field) == ("bad_request", "output_config.format.type")
+    A.check_output_format({**user, "output_format": {"type": "text"}, "output_config": {"effort": "low"}})
 
 
 # ---------------------------------------------------------------- template faithfulness (every front, the socket)
