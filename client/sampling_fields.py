@@ -14,6 +14,7 @@ from .wire import (MAX_STOP, MAX_TOKENS_LIMIT, ProtocolError, _bad, _bool, _int,
 
 MAX_TEMPERATURE = 2.0   # the temperature field's upper bound (OpenAI's); 0 is greedy
 
+
 @dataclass(frozen=True)
 class Sampling:
     """Sampling fields shared by chat and completion. temperature 0 = greedy; top_k 0 = off; seed None = random;
