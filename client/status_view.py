@@ -109,6 +109,8 @@ def render_status(st: dict, width: int = BAR_WIDTH) -> str:
     reqs = st.get("requests", [])
     if reqs:
         lines.append(f"requests  {'id':<24}{'state':<10}{'prompt':>7}{'cached':>7}{'generated':>10}")
-        lines += [f"          {str(r['id'])[:23]:<24}{r['state']:<10}{r['prompt_tokens']:>7}{r['cached_tokens']:>7}"
-                  f"{r['generated']:>10}" for r in reqs]
+        for r in reqs:   # by the id its log lines name (request_id); a daemon from before it gives only the key
+            name = str(r.get("request_id", r["id"]))[:23]
+            lines.append(f"          {name:<24}{r['state']:<10}{r['prompt_tokens']:>7}{r['cached_tokens']:>7}"
+                         f"{r['generated']:>10}")
     return "\n".join(lines) + "\n"

@@ -158,7 +158,7 @@ class Edge:
                       cache_prompt=op.cache_prompt,
                       publish=cuts.publish if cuts else 0, opener=cuts.opener if cuts else None,
                       cut_reason=cuts.reason if cuts else None,
-                      after_user=bool(msgs) and msgs[-1].get("role") == "user")
+                      after_user=bool(msgs) and msgs[-1].get("role") == "user", client_id=op.id)
         return Generation(op.id, req, prompt, StreamDecoder(self.tok, list(op.sampling.stop)), parser,
                           stream=bool(op.stream), logprobs=bool(op.logprobs))
 

@@ -71,7 +71,9 @@ class SamplingParams:
 class Request:
     """One generation request as the engine sees it.
 
-    rid: engine-wide unique key (the server prefixes the client's id with its connection number).
+    rid: engine-wide unique key (the server prefixes the client's id with its connection number). client_id: the
+    front's id of the request, the one its log lines name (the socket op's id, an HTTP reply's id or the client's
+    X-Request-Id); None for the daemon's own requests (the warm-up).
     prompt_ids: the rendered, tokenized prompt (token ids). prompt_logprobs: K for per-prompt-token logprobs
     (None: off).
     arrival: time.monotonic() seconds at submission (queue_ms counts from here).
@@ -91,6 +93,7 @@ class Request:
     opener: int | None = None
     cut_reason: str | None = None
     after_user: bool = False
+    client_id: str | None = None
 
 
 # ---- commands (server -> engine) ----

@@ -148,7 +148,7 @@ class Scheduler:
                     m.reuse_tokens_restored.inc(adm.resumed)
             self.running.append(s)
             match = adm.match if adm.match is not None and adm.match.state_id is not None else None
-            log.debug("admitted", id=req.rid, prompt=len(req.prompt_ids), resumed=adm.resumed,
+            log.debug("admitted", id=req.client_id or req.rid, prompt=len(req.prompt_ids), resumed=adm.resumed,
                       tier=match.tier if match else None, kind=match.kind if match else None,
                       pages=len(s.pages), waited_ms=round((s.admitted_at - req.arrival) * 1000, 1),
                       running=len(self.running), waiting=len(self.waiting))
@@ -385,11 +385,13 @@ class Scheduler:
         }
 
     def requests(self) -> list[dict]:
-        """The `status` op's per-request rows: id, state, prompt_tokens, cached_tokens (restored), prefilled (prompt
-        tokens run through the model so far: the prefill's progress) and generated (tokens)."""
-        rows = [{"id": s.rid, "state": s.state.value, "prompt_tokens": len(s.req.prompt_ids),
-                 "cached_tokens": s.resume, "prefilled": s.prefilled, "generated": len(s.output)}
-                for s in self.running]
-        rows += [{"id": s.rid, "state": s.state.value, "prompt_tokens": len(s.req.prompt_ids),
-                  "cached_tokens": 0, "prefilled": 0, "generated": 0} for s in self.waiting]
+        """The `status` op's per-request rows: id (the engine's key), request_id (the id its log lines name:
+        Request.client_id), state, prompt_tokens, cached_tokens (restored), prefilled (prompt tokens run through the
+        model so far: the prefill's progress) and generated (tokens)."""
+        rows = [{"id": s.rid, "request_id": s.req.client_id or s.rid, "state": s.state.value,
+                 "prompt_tokens": len(s.req.prompt_ids), "cached_tokens": s.resume, "prefilled": s.prefilled,
+                 "generated": len(s.output)} for s in self.running]
+        rows += [{"id": s.rid, "request_id": s.req.client_id or s.rid, "state": s.state.value,
+                  "prompt_tokens": len(s.req.prompt_ids), "cached_tokens": 0, "prefilled": 0, "generated": 0}
+                 for s in self.waiting]
         return rows

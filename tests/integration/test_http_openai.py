@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx2
 import openai
 import pytest
-from http_support import HTTP_KEY, done_line, http, http_addr, openai_client, wait_idle
+from http_support import HTTP_KEY, done_line, http, http_addr, openai_client, status, wait_idle
 
 SYSTEM = {"role": "system", "content": "You are a travel guide. " + " ".join(["river bridge market"] * 30)}
 USER1 = {"role": "user", "content": "Tell me about " + " ".join(["garden harbour tower museum"] * 24)}
@@ -214,4 +214,28 @@ def test_tool_conversation_on_a_template_with_tools(http_qwen):
     r = openai_client(http_addr(d)).chat.completions.create(model="m", messages=msgs, tools=tools, max_tokens=3,
                                                             temperature=0)
     assert r.usage.prompt_tokens == n and r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    wait_idle(d)
+
+
+def test_status_rows_name_each_request_by_the_id_of_its_log_lines(http_llama):
+    """`status` rows carry request_id, the id the request's log lines name (a client's X-Request-Id, a socket op's
+    id) beside the engine's key: the two differed for every request (h:<body id>, <connection>:<op id>)."""
+    d = http_llama
+    c = openai_client(http_addr(d))
+    sock = d.conn()
+    msgs = [{"role": "user", "content": "Write a long story."}]
+    stream = c.chat.completions.create(model="m", messages=msgs, max_tokens=900, temperature=0, stream=True,
+                                       extra_headers={"X-Request-Id": "trace-42"})
+    it = iter(stream)
+    first = next(it)
+    sock.send({"id": "sock-7", "op": "chat", "messages": msgs, "max_tokens": 900, "temperature": 0, "stream": True})
+    while sock.recv().get("type") != "delta":
+        pass
+    rows = {r["request_id"]: r for r in status(d)["requests"]}
+    assert set(rows) == {"trace-42", "sock-7"}, rows
+    assert rows["trace-42"]["id"] == f"h:{first.id}" and rows["sock-7"]["id"].endswith(":sock-7")
+    assert rows["sock-7"]["id"] != "sock-7"
+    stream.close()
+    sock.close()
+    assert done_line(d, "trace-42")["finish"] == "cancelled" and done_line(d, "sock-7")["finish"] == "cancelled"
     wait_idle(d)

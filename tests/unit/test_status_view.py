@@ -19,7 +19,8 @@ STATUS = {
                   "idle_s": 12, "holders": 2},
                  {"kind": "checkpoint", "tier": "ram", "tokens": 5120, "priority": "interactive", "age_s": 4000,
                   "idle_s": 3, "holders": 1}],
-    "requests": [{"id": "c1:r1", "state": "decode", "prompt_tokens": 5000, "cached_tokens": 4096, "generated": 12}],
+    "requests": [{"id": "c1:r1", "request_id": "r1", "state": "decode", "prompt_tokens": 5000, "cached_tokens": 4096,
+                  "generated": 12}],
     "live_states": {"slots_total": 8, "slots_used": 3, "bytes_used": 452984832},
     "daemon": {"state": "ready", "uptime_s": 3725},
 }
@@ -37,12 +38,20 @@ retained  kind        tokens  tier       age    idle  priority
           prefix        4096  device   1m15s     12s  agent
           checkpoint    5120  ram      1h06m      3s  interactive
 requests  id                      state      prompt cached generated
-          c1:r1                   decode       5000   4096        12
+          r1                      decode       5000   4096        12
 """
 
 
 def test_the_drawing_of_a_status_reply():
     assert render_status(STATUS) == EXPECTED
+
+
+def test_a_request_row_shows_the_id_of_the_logs_or_else_the_engine_key():
+    """Rows name the request by the id its log lines use (request_id); a daemon from before request_id gives only
+    the engine's key, which is drawn instead."""
+    st = copy.deepcopy(STATUS)
+    del st["requests"][0]["request_id"]
+    assert render_status(st).endswith("          c1:r1                   decode       5000   4096        12\n")
 
 
 def test_an_idle_attention_only_model_with_the_tiers_off():

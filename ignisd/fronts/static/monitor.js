@@ -116,7 +116,7 @@ export class Monitor {
 
   requests(st) {
     const rows = (st.requests || []).map((r) => el("tr", {},
-      el("td", { text: r.id }), el("td", { text: r.state }), el("td", { text: r.prompt_tokens }),
+      el("td", { text: r.request_id ?? r.id }), el("td", { text: r.state }), el("td", { text: r.prompt_tokens }),
       el("td", { text: r.cached_tokens }), el("td", { text: r.generated })));
     if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: 5, class: "muted", text: "none running" })));
     $("requests").tBodies[0].replaceChildren(...rows);
