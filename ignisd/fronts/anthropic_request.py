@@ -187,8 +187,10 @@ def _thinking(v) -> bool | None:
 def to_chat(body: dict, strip_billing: bool) -> tuple[dict, list[str]]:
     """A Messages body → (chat body, Anthropic path of each chat message); see the module docstring."""
     msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
+    if msgs is None:
         raise _bad("messages", "required (a non-empty list of messages)")
+    if not isinstance(msgs, list) or not msgs:
+        raise _bad("messages", f"must be a non-empty list of messages, got {_shown(msgs)}")
     for j, m in enumerate(msgs):
         if not isinstance(m, dict):
             raise _bad(f"messages[{j}]", "must be an object")

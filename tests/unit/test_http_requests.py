@@ -105,6 +105,10 @@ def test_front_refusals_show_the_clients_value_as_json():
     """The role or block type the client sent, spelled by hand as JSON writes it (was Python's repr: 'bot', None)."""
     assert _message(A.to_chat, {"messages": [{"role": "bot", "content": "a"}]}, True) == \
         'messages[0].role: must be user or assistant (or system), got "bot"'
+    assert _message(A.to_chat, {"messages": "hello"}, True) == \
+        'messages: must be a non-empty list of messages, got "hello"'          # was "required": it was there
+    assert _message(A.to_chat, {"messages": []}, True) == "messages: must be a non-empty list of messages, got []"
+    assert _message(A.to_chat, {}, True) == "messages: required (a non-empty list of messages)"
     assert _message(A.to_chat, {"messages": [{"content": "a"}]}, True) == \
         "messages[0].role: must be user or assistant (or system), got null"
     assert _message(A.to_chat, {"messages": [{"role": "user", "content": [{"type": "audio"}]}]}, True) == \
