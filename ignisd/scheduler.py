@@ -388,10 +388,8 @@ class Scheduler:
         """The `status` op's per-request rows: id (the engine's key), request_id (the id its log lines name:
         Request.client_id), state, prompt_tokens, cached_tokens (restored), prefilled (prompt tokens run through the
         model so far: the prefill's progress) and generated (tokens)."""
-        rows = [{"id": s.rid, "request_id": s.req.client_id or s.rid, "state": s.state.value,
-                 "prompt_tokens": len(s.req.prompt_ids), "cached_tokens": s.resume, "prefilled": s.prefilled,
-                 "generated": len(s.output)} for s in self.running]
-        rows += [{"id": s.rid, "request_id": s.req.client_id or s.rid, "state": s.state.value,
-                  "prompt_tokens": len(s.req.prompt_ids), "cached_tokens": 0, "prefilled": 0, "generated": 0}
-                 for s in self.waiting]
-        return rows
+        def row(s: Sequence, running: bool) -> dict:
+            return {"id": s.rid, "request_id": s.req.client_id or s.rid, "state": s.state.value,
+                    "prompt_tokens": len(s.req.prompt_ids), "cached_tokens": s.resume if running else 0,
+                    "prefilled": s.prefilled if running else 0, "generated": len(s.output) if running else 0}
+        return [row(s, True) for s in self.running] + [row(s, False) for s in self.waiting]

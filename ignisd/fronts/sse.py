@@ -24,8 +24,8 @@ value being ignored; else the id the daemon made for the reply body (``chatcmpl-
 ``msg_…``), which the body keeps either way. That id is the op's id, so the ``done`` log line (and ``op_failed``,
 ``http_client_gone``, ``error_reply``) and the request log name it, and every reply to the request carries it in the
 front's header (``x-request-id`` on OpenAI and Responses, ``request-id`` on Anthropic), streamed or not, refusals
-included (``id_headers``: ``answer`` puts it on what it sends, the route's guard on every other reply). The engine's
-key stays ``h:`` + the body's id, unique whatever the client sends.
+included (``id_headers``: ``answer`` puts it on the stream it starts, the route's guard on every reply not yet
+sent). The engine's key stays ``h:`` + the body's id, unique whatever the client sends.
 †: imports no torch.
 """
 from __future__ import annotations
@@ -206,8 +206,7 @@ async def answer(request: web.Request, edge: Edge, gen: Generation, r) -> web.St
             ev = await run.next()
             if isinstance(ev, EdgeError):        # refused by the edge: HttpFront logs and counts it (refuse)
                 raise HttpError(STATUS.get(ev.code, 500), ev.code, ev.message, ev.field)
-            return web.Response(body=dumps(r.final(ev)), content_type="application/json",
-                                headers=id_headers(request))
+            return web.Response(body=dumps(r.final(ev)), content_type="application/json")   # id: the route guard
         if not run.started.is_set():
             try:
                 async with asyncio.timeout(FIRST_EVENT_WAIT_S):
