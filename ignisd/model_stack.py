@@ -17,6 +17,7 @@ import torch
 
 from ignis_kernels.attention import decode_kernel
 from ignis_kernels.kvq import encode_kernel, window_kernel
+from ignis_kernels.linear import weight_kernel
 from ignisd.buffers import total_bytes
 from ignisd.cache.kv_format import get_kv_format
 from ignisd.cache.kv_store import KVStore
@@ -190,7 +191,10 @@ class ModelStack:
                          canonicalize_tools=cfg.server.canonicalize_tools,
                          pool_tokens=cache.pool.total * cache.page_tokens)
         log.info("vram_plan", model=spec.name, model_bytes=self.loaded.weight_bytes,
-                 weight_format=cfg.model.weight_format, kv_format=self.kv_format,
+                 weight_format=cfg.model.weight_format,
+                 **({"weight_kernel": weight_kernel()} if self.loaded.kind == "gguf" and
+                    cfg.model.weight_format == "native" else {}),
+                 kv_format=self.kv_format,
                  kv_format_why=plan.kv_why, kv_decode_kernel=decode_kernel(fmt.tag, self.kv.device),
                  **({"kv_encode_kernel": encode_kernel(self.kv.device),
                      "kv_window_kernel": window_kernel(self.kv.device)} if fmt.tag == "hq-e8-2b" else {}),

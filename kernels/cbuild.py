@@ -93,10 +93,14 @@ def build(source: Path) -> ctypes.CDLL:
 class Kernel:
     """One C kernel library, built on the first `library()` call. source: its C file; what: a phrase for the log
     ("the fused hq-e8-2b CPU decode kernel"); signatures: {function name: (argtypes, restype)}; disable_env: an
-    environment variable that turns this one kernel off when "0"."""
+    environment variable that turns this one kernel off when "0"; check: optional, called once with the loaded
+    library, returns "" when the kernel may serve here or why not (a probe of a layout it reads, a CPU without the
+    instructions it was written for): then the library counts as unavailable, the reason logged like a failed
+    build."""
 
-    def __init__(self, source: Path, what: str, signatures: dict, disable_env: str) -> None:
+    def __init__(self, source: Path, what: str, signatures: dict, disable_env: str, check=None) -> None:
         self.source, self.what, self.signatures, self.disable_env = source, what, signatures, disable_env
+        self.check = check
         self._lib: ctypes.CDLL | None = None
         self._error: str | None = None
         self._lock = threading.Lock()
@@ -116,11 +120,17 @@ class Kernel:
                     for name, (argtypes, restype) in self.signatures.items():
                         fn = getattr(lib, name)
                         fn.argtypes, fn.restype = argtypes, restype
-                    self._lib = lib
                 except (OSError, AttributeError, subprocess.CalledProcessError) as e:
                     detail = getattr(e, "stderr", "") or str(e)
                     self._error = f"{self.what} could not be built: {detail.strip()[:400]}"
                     log.warning("%s; the torch path serves instead", self._error)
+                    return None
+                why = self.check(lib) if self.check is not None else ""
+                if why:
+                    self._error = f"{self.what} is off: {why}"
+                    log.warning("%s; the torch path serves instead", self._error)
+                else:
+                    self._lib = lib
         return self._lib
 
     def available(self) -> bool:

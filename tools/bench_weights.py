@@ -44,12 +44,14 @@ def best_us(f, seconds: float = 0.15) -> float:
 
 
 def micro(rows_list=(1, 8, 256)) -> None:
-    """us per matmul of each SmolLM2 shape: fp32 MKL (x @ w_t), bf16 (F.linear), int4 (Q4_1 layout, bf16), the
-    Q8_0 head as two int4 layouts, int8 per-channel (_weight_int8pack_mm, bf16), and int4 with fp32 activations."""
-    from ignisd.model.linear import Int4Linear, Int8x2Linear
+    """us per matmul of each SmolLM2 shape: fp32 MKL (x @ w_t), bf16 (F.linear), int4 by torch's kernel (Q4_1
+    layout, bf16), int4 as Int4Linear serves it (ignis_kernels.linear: the C product up to 8 rows, dequantized tiles
+    and an fp32 GEMM above; torch's kernel where those do not serve), the Q8_0 head as two int4 layouts, int8
+    per-channel (_weight_int8pack_mm, bf16), and torch's int4 kernel with fp32 activations."""
+    from ignisd.model.linear import Int4Linear, Int8x2Linear, int4_mm
     from ignisd.model.quant import GroupQuant
     print(f"## us per matmul, {torch.get_num_threads()} threads (best of repeats)")
-    cols = ["fp32", "bf16", "int4", "q8_0x2int4", "int8pc", "int4-fp32act"]
+    cols = ["fp32", "bf16", "int4 torch", "int4 ignis", "q8_0x2int4", "int8pc", "int4-fp32act"]
     print(f"{'shape':<20} {'rows':>4} " + " ".join(f"{c:>12}" for c in cols))
     g = torch.Generator().manual_seed(0)
     for name, (k, n) in SHAPES.items():
@@ -67,8 +69,9 @@ def micro(rows_list=(1, 8, 256)) -> None:
                 continue
             x = torch.randn(rows, k, generator=g)
             xb = x.bfloat16()
-            r = [best_us(partial(torch.mm, x, wt)), best_us(partial(F.linear, xb, wb)), best_us(partial(q4, x)),
-                 best_us(partial(q8, x)), best_us(partial(torch.ops.aten._weight_int8pack_mm, xb, w8, s8)),
+            r = [best_us(partial(torch.mm, x, wt)), best_us(partial(F.linear, xb, wb)),
+                 best_us(partial(int4_mm, x, q4.packed, q4.sz)), best_us(partial(q4, x)), best_us(partial(q8, x)),
+                 best_us(partial(torch.ops.aten._weight_int8pack_mm, xb, w8, s8)),
                  best_us(partial(q4f, x), 0.05) if rows <= 8 else float("nan")]
             print(f"{name:<20} {rows:>4} " + " ".join(f"{v:12.1f}" for v in r), flush=True)
 

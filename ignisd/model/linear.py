@@ -12,15 +12,21 @@ called as ``y = lin(x)`` with x [T, in] and y [T, out].
   −8..7, so d·c = (hi + 8 − 8)·16d + (lo − 8)·d + 8d: two int4 matmuls summed, the file's weights exactly. Used for
   ``native`` Q8_0 matrices (none in the built-in model's layers; its Q8_0 embedding has its own head, lm_head.py).
 
-The fast int4 kernel runs in bf16 (fp32 activations take a scalar path ~50x slower, measured in
-tools/bench_weights.py): activations are rounded to bf16 on the way in, the product comes back in bf16 (rounded once
-from the kernel's fp32 accumulators) and is returned as is; callers add it into their fp32 residual stream.
+Int4Linear and Int8x2Linear run in the kernels of ignis_kernels.linear where they serve (an AVX2 CPU; the packed
+codes read in place, the file's fp16 d and m held beside them at 4 B a group): fp32 in and out, the file's weights
+exactly; a few rows (decode) by a C product, about 2x faster than torch's int4 kernel at one row, more rows (prefill)
+by an fp32 GEMM over the weight dequantized a tile at a time, about 2.5x faster than it at 256 rows on this project's
+AVX2-only CPU. Elsewhere torch's int4 kernel serves, in bf16 (fp32 activations take a scalar path ~50x slower,
+measured in tools/bench_weights.py): activations are rounded to bf16 on the way in, the product comes back in bf16
+(rounded once from the kernel's fp32 accumulators) and is returned as is; callers add it into their fp32 residual
+stream.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+import ignis_kernels.linear as klinear
 from ignisd.model.quant import GROUP, GroupQuant
 
 _INT4_PACK = getattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None)
@@ -80,13 +86,15 @@ class Bf16Linear:
 
 
 def pack_int4(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
-              dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+              dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """torch's CPU int4 layout of ``w[n, k] = d[n, k/32]·codes[n, k] + m[n, k/32]``.
 
     codes: integer [N, K], values 0..15 (K a multiple of 32, N a multiple of 8 — the kernel's tile); d, m: float
     [N, K/32]. dtype: of the scales (bf16: the fast kernel; fp32: the exact slow path the tests use).
     Returns (packed uint8 [N, K/2], scales_and_zeros [K/32, N, 2] with scale = d and zero = m + 8d, since the kernel
-    computes (c − 8)·scale + zero). Raises RuntimeError when this torch lacks the kernels.
+    computes (c − 8)·scale + zero, dm): dm, the C decode kernel's fp16 d and m (ignis_kernels.linear.kernel_scales,
+    4 B a group) with bf16 scales where that kernel serves, else None. Raises RuntimeError when this torch lacks the
+    kernels.
     """
     if not INT4_AVAILABLE:
         raise RuntimeError("this torch has no CPU int4 weight kernels (_weight_int4pack_mm_for_cpu)")
@@ -95,12 +103,18 @@ def pack_int4(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
     packed = torch.cat([_INT4_PACK(codes[i:i + _PACK_ROWS].to(torch.int32).contiguous(), 1)
                         for i in range(0, codes.shape[0], _PACK_ROWS)])
     sz = torch.stack((d.t(), (m + 8.0 * d).t()), dim=-1).to(dtype).contiguous()
-    return packed, sz
+    return packed, sz, klinear.kernel_scales(d, m) if dtype == torch.bfloat16 else None
 
 
-def int4_mm(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
-    """x [T, K] @ the int4 weight's transpose -> [T, N] in sz's dtype (x is cast to it). The cast and copy are
-    skipped when x already is in that dtype and contiguous (the decode step calls this 120 times)."""
+def int4_mm(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, dm: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] @ the int4 weight's transpose -> [T, N] (packed, sz, dm: pack_int4's): fp32 from the kernels of
+    ignis_kernels.linear when dm is given and x is fp32 (klinear.int4_mm: the file's weights and fp32 activations
+    exactly), else torch's int4 kernel in sz's dtype (x cast to it; the cast and copy skipped when x already is in that
+    dtype and contiguous)."""
+    if dm is not None and x.dtype == torch.float32:
+        y = klinear.int4_mm(x.contiguous(), packed, dm)
+        if y is not None:
+            return y
     if x.dtype != sz.dtype:
         x = x.to(sz.dtype)
     if not x.is_contiguous():
@@ -113,23 +127,24 @@ class Int4Linear:
 
     w: GroupQuant [out, in]; b: optional [out] fp32 bias. scale_dtype: bf16 (default; the fast kernel, scales d and
     m + 8d rounded to bf16) or fp32 (exact scales, slow scalar kernel: the repack tests). x: [T, in]; returns
-    [T, out] in scale_dtype (fp32 when a bias is added). Raises ValueError for a kind other than the 4-bit ones.
+    [T, out] in scale_dtype, or fp32 when a bias is added or int4_mm's C kernel serves (fp32 x of at most 8 rows).
+    Raises ValueError for a kind other than the 4-bit ones.
     """
 
     def __init__(self, w: GroupQuant, b: torch.Tensor | None = None, scale_dtype: torch.dtype = torch.bfloat16):
         if w.bits != 4:
             raise ValueError(f"Int4Linear: {w.kind} is not a 4-bit kind")
-        self.packed, self.sz = pack_int4(w.q, w.d, w.m, scale_dtype)
+        self.packed, self.sz, self.dm = pack_int4(w.q, w.d, w.m, scale_dtype)
         self.b = None if b is None else b.float()
         self.out_features, self.in_features = w.shape
 
     @property
     def tensors(self) -> list[torch.Tensor | None]:
         """The resident tensors (for weight_bytes; None for an absent bias)."""
-        return [self.packed, self.sz, self.b]
+        return [self.packed, self.sz, self.dm, self.b]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = int4_mm(x, self.packed, self.sz)
+        y = int4_mm(x, self.packed, self.sz, self.dm)
         return y if self.b is None else y + self.b
 
 
@@ -156,8 +171,7 @@ class Int8x2Linear:
         return [*self.hi, *self.lo, self.b]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        xs = x.to(self.hi[1].dtype).contiguous()
-        y = _INT4_MM(xs, self.hi[0], GROUP, self.hi[1]) + _INT4_MM(xs, self.lo[0], GROUP, self.lo[1])
+        y = int4_mm(x, *self.hi) + int4_mm(x, *self.lo)
         return y if self.b is None else y + self.b
 
 

@@ -1,6 +1,7 @@
 """The built-in SmolLM2 GGUF served with the default model.weight_format (native: the file's Q4_1 / Q8_0 weights
-through the int4 kernels) end to end: a factual answer, and batched decode equal to single-lane decode (the int4
-and int8 kernels compute each row alone, so a lane's tokens do not depend on its neighbours)."""
+through ignis_kernels.linear's C kernels, which the vram_plan line names) end to end: a factual answer, and batched
+decode equal to single-lane decode (the kernels compute each row alone, so a lane's tokens do not depend on its
+neighbours)."""
 import pytest
 from daemon_support import alone_and_batched
 
@@ -22,6 +23,8 @@ def test_native_answers_paris(native_daemon):
     c.close()
     assert done["type"] == "done" and "Paris" in done["text"], done
     native_daemon.wait_idle()
+    plan = next(ln for ln in native_daemon.log().splitlines() if "vram_plan" in ln)
+    assert 'weight_format=native weight_kernel="cpu (C kernels, exact fp32)"' in plan, plan
 
 
 def test_native_batched_decode_equals_single_lane(native_daemon):
