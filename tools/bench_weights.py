@@ -6,6 +6,7 @@ prefill speed through the model, native-vs-fp32 quality. Prints tables; asserts 
     python tools/bench_weights.py --speed                 # decode tok/s at 1 and 8 lanes, prefill tok/s (512 tokens)
     python tools/bench_weights.py --quality               # KL / top-1 / greedy of native and bf16 vs fp32, 20 prompts
     python tools/bench_weights.py --profile               # top operators of one 8-lane decode step per format
+    python tools/bench_weights.py --attention             # decode attention: torch SDPA vs the C kernel, by context
 
 --threads N (default 2) sets torch's threads. Times are the best of repeated runs (this machine is shared and noisy).
 """
@@ -74,6 +75,25 @@ def micro(rows_list=(1, 8, 256)) -> None:
                  best_us(partial(torch.ops.aten._weight_int8pack_mm, xb, w8, s8)),
                  best_us(partial(q4f, x), 0.05) if rows <= 8 else float("nan")]
             print(f"{name:<20} {rows:>4} " + " ".join(f"{v:12.1f}" for v in r), flush=True)
+
+
+def attention(contexts=(128, 1024, 4096, 8192)) -> None:
+    """us per decode attention call of one layer (SmolLM2: 9 query heads on 3 KV heads, d 64, fp32 pages): torch's
+    SDPA path (kernels/attention/reference.py; one row reads a consecutive run in place, 8 rows gather) against the
+    C kernel (dense_cpu.c), 1 and 8 rows."""
+    from ignis_kernels.attention import dense_cpu, reference
+    print(f"## us per decode attention call, {torch.get_num_threads()} threads (best of repeats)")
+    print(f"{'rows':>4} {'context':>8} {'torch':>10} {'C kernel':>10} {'ratio':>7}")
+    for rows in (1, 8):
+        for ctx in contexts:
+            per = -(-ctx // 64)
+            kp, vp = torch.randn(rows * per, 64, 3, 64), torch.randn(rows * per, 64, 3, 64)
+            q = torch.randn(rows, 9, 64)
+            table, lens = torch.arange(rows * per).view(rows, per), torch.full((rows,), ctx)
+            single = (ctx, 0) if rows == 1 else None
+            t = best_us(partial(reference.paged_decode_attention, q, kp, vp, table, lens, None, single))
+            c = best_us(partial(dense_cpu.decode_attention, q, kp, vp, table, lens))
+            print(f"{rows:>4} {ctx:>8} {t:10.1f} {c:10.1f} {t / c:6.2f}x", flush=True)
 
 
 def _load(fmt: str):
@@ -185,12 +205,13 @@ def main() -> None:
     ap.add_argument("--speed", action="store_true")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--quality", action="store_true")
+    ap.add_argument("--attention", action="store_true")
     ap.add_argument("--rss-child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     if a.rss_child:
         return _rss_child(a.rss_child)
-    if not (a.micro or a.rss or a.speed or a.profile or a.quality):
+    if not (a.micro or a.rss or a.speed or a.profile or a.quality or a.attention):
         a.micro = a.rss = a.speed = a.quality = True
     with torch.inference_mode():
         if a.micro:
@@ -203,6 +224,8 @@ def main() -> None:
             profile()
         if a.quality:
             quality()
+        if a.attention:
+            attention()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Paged attention dispatcher (DESIGN §3 kernels/): checks arguments, then runs the implementation for the KV
-format (the view's tag) and device. "dense" (fp32, bf16 pages): the pure-torch reference (CPU and, through torch
-SDPA, CUDA). "hq-e8-2b" (HQ_E8_2B.md §4): on the CPU, prefill by the torch reference hq_reference.py and decode by
-the fused C kernel of hq_cpu.py (backend "cpu", built on first use; where it cannot be built, or with
-IGNIS_HQ_ATTENTION=reference, by the torch form hq_decode.py); the Triton kernels of hq_triton.py on CUDA (or
-anywhere with IGNIS_HQ_ATTENTION=triton, e.g. under TRITON_INTERPRET=1 in the tests);
+format (the view's tag) and device. "dense" (fp32, bf16 pages): decode on the CPU by the C kernel of dense_cpu.py
+(built on first use; where it cannot be built, or with IGNIS_DENSE_CPU_KERNEL=0, and for prefill and on CUDA, the
+pure-torch reference through torch SDPA). "hq-e8-2b" (HQ_E8_2B.md §4): on the CPU, prefill by the torch reference
+hq_reference.py and decode by the fused C kernel of hq_cpu.py (backend "cpu", built on first use; where it cannot be
+built, or with IGNIS_HQ_ATTENTION=reference, by the torch form hq_decode.py); the Triton kernels of hq_triton.py on
+CUDA (or anywhere with IGNIS_HQ_ATTENTION=triton, e.g. under TRITON_INTERPRET=1 in the tests);
 "hq-sim": the same reference over decoded vectors of another quantizer (the research baselines of
 tools/bench_kvformat.py).
 
@@ -24,7 +25,7 @@ from typing import Protocol
 
 import torch
 
-from ignis_kernels.attention import hq_cpu, hq_decode, hq_reference, reference
+from ignis_kernels.attention import dense_cpu, hq_cpu, hq_decode, hq_reference, reference
 from ignis_kernels.attention.exact import ExactRing, ExactSpan, encoded_pages, window_start
 
 __all__ = ["PagedView", "PagedKV", "VIEW_TAGS", "COMPRESSED_TAGS", "ExactSpan", "ExactRing", "encoded_pages",
@@ -98,11 +99,16 @@ def hq_backend(device: torch.device) -> str:
 
 
 def decode_kernel(tag: str, device: torch.device) -> str:
-    """What reads a KV format's pages at decode, for the vram_plan line: "dense" (the torch reference), for
-    hq-e8-2b "triton", "cpu (fused C kernel)" or "reference (torch; <why the kernel is not used>)". Builds the CPU
-    kernel when it is not built yet (about a second, once per machine)."""
+    """What reads a KV format's pages at decode, for the vram_plan line: for dense pages "cpu (C kernel)" (dense_cpu),
+    "dense (torch; <why the kernel is not used>)" on the CPU or "dense" (torch SDPA) elsewhere; for hq-e8-2b
+    "triton", "cpu (fused C kernel)" or "reference (torch; <why the kernel is not used>)". Builds the CPU kernel
+    when it is not built yet (about a second, once per machine)."""
+    if tag == "dense":
+        if device.type == "cpu" and dense_cpu.available():
+            return "cpu (C kernel)"
+        return "dense" if device.type != "cpu" else f"dense (torch; {dense_cpu.error()})"
     if tag != "hq-e8-2b":
-        return "dense" if tag == "dense" else tag
+        return tag
     backend = hq_backend(device)
     if backend == "cpu":
         return "cpu (fused C kernel)"
@@ -200,4 +206,6 @@ def paged_decode_attention(q: torch.Tensor, view: PagedView, page_table: torch.T
             out = hq_reference.hq_paged_decode_attention(q, view, page_table, context_lens, exact, scale)
         return hq_reference.add_center(out, exact.center_v, view.params["signs"][1])
     k_pages, v_pages = _dense("paged_decode_attention", q, view)
+    if dense_cpu.supports(q, k_pages, v_pages):
+        return dense_cpu.decode_attention(q, k_pages, v_pages, page_table, context_lens, scale)
     return reference.paged_decode_attention(q, k_pages, v_pages, page_table, context_lens, scale, single)

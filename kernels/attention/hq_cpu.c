@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "../fwht_cpu.h"
+#include "softmax_cpu.h"
 
 #define MAX_G 16
 #define MAX_D 256
@@ -63,22 +64,6 @@ static float e4m3_to_float(uint8_t v) {
     return f;
 }
 
-/* e^x for x <= 0 (x clamped at −87: e^−87 ≈ 1.6e-38 stands for 0), branch-free so that loops over it vectorise:
- * x·log2(e) = n + f with n = rint, |f| <= ½; 2^f by its degree-7 Taylor polynomial in f·ln 2 (truncation error
- * (½ ln 2)^8 / 8! ≈ 4e-10, below float rounding); 2^n from the exponent bits. */
-static inline float exp_neg(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float t = x * 1.4426950408889634f;
-    float n = (t + 12582912.0f) - 12582912.0f;          /* round to nearest: 1.5·2^23 */
-    float y = (t - n) * 0.6931471805599453f;
-    float p = 1.0f + y * (1.0f + y * (0.5f + y * (1.0f / 6 + y * (1.0f / 24 + y * (1.0f / 120 + y * (1.0f / 720
-              + y * (1.0f / 5040)))))));
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float s;
-    memcpy(&s, &bits, 4);
-    return p * s;
-}
-
 /* Σ a·b over d (a multiple of 8) floats, in 8 lanes summed at the end (vectorises without reassociation). */
 static inline float dot(const float *a, const float *b, int d) {
     float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -87,7 +72,6 @@ static inline float dot(const float *a, const float *b, int d) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-typedef float v8f __attribute__((vector_size(32)));
 typedef int8_t v8b __attribute__((vector_size(8)));
 
 /* 4·c of one code as 8 floats: one 8-byte word of the table, sign-extended and converted. */
@@ -100,10 +84,6 @@ static inline v8f word8(const int64_t *words, int16_t code) {
     memcpy(&w, &words[(int32_t)code + 32768], 8);
     return __builtin_convertvector(w, v8f);
 #endif
-}
-
-static inline float hsum(v8f v) {
-    return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
 typedef struct {
@@ -199,13 +179,7 @@ static inline __attribute__((always_inline)) void compressed(const args_t *a, co
             if (zz > mx[i]) mx[i] = zz;
         }
     }
-    for (int i = 0; i < g; i++) {
-        float l = 0.f;
-        for (int t = 0; t < n; t++) z[i][t] = exp_neg(z[i][t] - mx[i]);
-        for (int t = 0; t < n; t++) l += z[i][t];
-        l_out[i] = l;
-        m_out[i] = mx[i];
-    }
+    task_softmax(&z[0][0], CHUNK, g, n, mx, m_out, l_out);
     v8f ov[MAX_G * MAX_D / 8];
     for (int i = 0; i < g * nb; i++) ov[i] = (v8f){0, 0, 0, 0, 0, 0, 0, 0};
     for (int t = 0; t < n; t++) {
@@ -339,20 +313,8 @@ int hq_decode(const float *q, const float *signs, float tau, float vc, int bsz, 
         int b = tasks[i0].b, h = tasks[i0].h, i1 = i0;
         while (i1 < ntask && tasks[i1].b == b && tasks[i1].h == h) i1++;
         for (int i = 0; i < g; i++) {
-            float M = -INFINITY, L = 0.f;
-            for (int k = i0; k < i1; k++) {
-                float mk = part[(int64_t)k * g * (d + 2) + i];
-                if (mk > M) M = mk;
-            }
             float *o = out + ((int64_t)b * hq + h * g + i) * d;
-            memset(o, 0, sizeof(float) * d);
-            for (int k = i0; k < i1; k++) {
-                const float *p = part + (int64_t)k * g * (d + 2);
-                float w = exp_neg(p[i] - M);
-                L += w * p[g + i];
-                const float *acc = p + 2 * g + i * d;
-                for (int e = 0; e < d; e++) o[e] += w * acc[e];
-            }
+            float L = merge_partials(part, i0, i1, g, d, i, o);
             const float *sv = signs + ((int64_t)hkv + h) * d;
             float f = inv / L;
             if (center_v) {            /* + L·μ_V before the un-rotation: o/L + μ_V, the centre added back */
