@@ -14,7 +14,8 @@ ratio is llama / ignis, so > 1 is ignisd faster too).
 Sections (the same token ids go to both servers where the section sends ids):
 - prefill: prompts of 512, 2,048 and 8,000 tokens of real text (Debian's common-licenses), no reuse
   (ignis cache_prompt false; llama cache_prompt false), max_tokens 1: prompt tokens / TTFT.
-- decode: one lane, a short prompt, 128 tokens with ignore_eos: (tokens - 1) / (last - first token).
+- decode: one lane, a short prompt, 128 tokens with ignore_eos: (tokens - 1) / (last - first token); and 64 tokens
+  after a 4,000-token prompt of real text (no reuse), the same measure at an agent's context length.
 - lanes: 4 and 8 distinct short prompts at once × 96 tokens (ignore_eos): all tokens / (last token - first sent).
 - resume: an ~8K-token chat turn 1 (reply of 16 tokens), then turn 2 = turn 1 + its reply + a short question:
   TTFT of turn 2 (both servers reuse their own cache: ignis its retained states, llama-server its slot).
@@ -147,6 +148,11 @@ def section_decode(p: Pair, rounds: int) -> None:
     ig, ll = alternate(rounds, lambda: p.ignis_ids(ids, 128, cache_prompt=False),
                        lambda: p.llama_ids(ids, 128, cache_prompt=False), p.llama is not None)
     row("decode tok/s, 1 lane, 128 tokens", [t.decode_tok_s for t in ig], [t.decode_tok_s for t in ll], "tok/s")
+    ids = p.text_ids(4000)                  # an agent's context: decode reads 4K tokens of KV a layer and step
+    ig, ll = alternate(rounds, lambda: p.ignis_ids(ids, 64, cache_prompt=False),
+                       lambda: p.llama_ids(ids, 64, cache_prompt=False), p.llama is not None)
+    row("decode tok/s, 1 lane, 64 after a 4K prompt", [t.decode_tok_s for t in ig], [t.decode_tok_s for t in ll],
+        "tok/s")
 
 
 def section_lanes(p: Pair, rounds: int) -> None:
