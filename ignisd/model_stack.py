@@ -18,6 +18,7 @@ import torch
 from ignis_kernels.attention import decode_kernel
 from ignis_kernels.kvq import encode_kernel, window_kernel
 from ignis_kernels.linear import weight_kernel
+from ignis_kernels.norm import norm_kernel
 from ignisd.buffers import total_bytes
 from ignisd.cache.kv_format import get_kv_format
 from ignisd.cache.kv_store import KVStore
@@ -194,7 +195,7 @@ class ModelStack:
                  weight_format=cfg.model.weight_format,
                  **({"weight_kernel": weight_kernel()} if self.loaded.kind == "gguf" and
                     cfg.model.weight_format == "native" else {}),
-                 kv_format=self.kv_format,
+                 norm_kernel=norm_kernel(), kv_format=self.kv_format,
                  kv_format_why=plan.kv_why, kv_decode_kernel=decode_kernel(fmt.tag, self.kv.device),
                  **({"kv_encode_kernel": encode_kernel(self.kv.device),
                      "kv_window_kernel": window_kernel(self.kv.device)} if fmt.tag == "hq-e8-2b" else {}),

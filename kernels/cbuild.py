@@ -1,5 +1,5 @@
-"""Build-on-first-use for the small C kernels of the CPU path (attention/hq_cpu.c, kvq/e8p_cpu.c, kvq/window_cpu.c),
-loaded through ctypes.
+"""Build-on-first-use for the small C kernels of the CPU path (attention/hq_cpu.c, attention/dense_cpu.c, kvq/e8p_cpu.c,
+kvq/window_cpu.c, linear/int4_cpu.c, linear/q8_cpu.c, norm/rms_cpu.c), loaded through ctypes.
 
 A kernel's C file is compiled with the system C compiler (`$CC`, else `cc`; -O3 -march=native -fopenmp, about a
 second) into the kernel cache ($IGNIS_KERNEL_CACHE, else $XDG_CACHE_HOME/ignis/kernels, else ~/.cache/ignis/kernels;
@@ -64,11 +64,17 @@ def sources(source: Path) -> list[Path]:
 
 
 def build(source: Path) -> ctypes.CDLL:
-    """Compile `source` (or find its build in the cache) and load it. Raises OSError (no writable cache directory,
-    the library does not load) or subprocess.CalledProcessError (the compiler is missing or fails)."""
+    """Compile `source` (or find its build in the cache) and load it. Raises OSError (no working compiler: `$CC
+    --version` fails or is missing; no writable cache directory; the library does not load) or
+    subprocess.CalledProcessError (the compile fails)."""
     cc = os.environ.get("CC", "cc")
     src = b"".join(p.read_bytes() for p in sources(source))
-    ver = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    try:
+        ver = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    except subprocess.CalledProcessError as e:
+        raise OSError(f"no working C compiler: `{cc} --version` exited with status {e.returncode}") from e
+    except OSError as e:
+        raise OSError(f"no working C compiler: `{cc}`: {e.strerror or e}") from e
     key = hashlib.sha256(src + ver.encode() + " ".join(FLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
     for d in (cache_dir(), Path(tempfile.gettempdir()) / f"ignis-kernels-{os.getuid()}"):
         lib = d / f"{source.stem}-{key}.so"
@@ -122,7 +128,7 @@ class Kernel:
                         fn.argtypes, fn.restype = argtypes, restype
                 except (OSError, AttributeError, subprocess.CalledProcessError) as e:
                     detail = getattr(e, "stderr", "") or str(e)
-                    self._error = f"{self.what} could not be built: {detail.strip()[:400]}"
+                    self._error = f"{self.what} could not be built: {detail.strip()[:400].rstrip('.')}"
                     log.warning("%s; the torch path serves instead", self._error)
                     return None
                 why = self.check(lib) if self.check is not None else ""

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from ignis_kernels.norm import reference, rms_cpu
 
-__all__ = ["rms_norm", "reference", "rms_cpu"]
+__all__ = ["rms_norm", "norm_kernel", "reference", "rms_cpu"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -16,3 +16,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     Returns x's shape and dtype: the C kernel for fp32 CPU rows, F.rms_norm otherwise."""
     y = rms_cpu.rms_norm(x, weight, eps)
     return y if y is not None else F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def norm_kernel() -> str:
+    """What runs RMSNorm here, for the vram_plan line: "cpu (C kernel)", else "torch (<why not the kernel>)". Builds
+    the kernel when it is not built yet."""
+    return "cpu (C kernel)" if rms_cpu.available() else f"torch ({rms_cpu.error()})"

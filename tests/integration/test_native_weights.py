@@ -24,7 +24,9 @@ def test_native_answers_paris(native_daemon):
     assert done["type"] == "done" and "Paris" in done["text"], done
     native_daemon.wait_idle()
     plan = next(ln for ln in native_daemon.log().splitlines() if "vram_plan" in ln)
-    assert 'weight_format=native weight_kernel="cpu (C kernels, exact fp32)"' in plan, plan
+    assert 'weight_format=native weight_kernel="cpu (C kernels, exact fp32)" norm_kernel="cpu (C kernel)"' in plan, \
+        plan
+    assert 'kv_decode_kernel="cpu (C kernel)"' in plan, plan
 
 
 def test_native_batched_decode_equals_single_lane(native_daemon):

@@ -169,6 +169,7 @@ def test_without_a_compiler_the_torch_path_serves_and_says_why(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "backend reference" in r.stdout and "encoder False" in r.stdout and "torch.Size([2, 8])" in r.stdout
     assert "could not be built" in r.stdout and r.stderr.count("ignis.kernels WARNING") == 2, r.stderr
+    assert "could not be built: no working C compiler: `/bin/false --version` exited with status 1" in r.stdout
     r = _fresh({"IGNIS_HQ_CPU_KERNEL": "0"}, tmp_path)
     assert "backend reference" in r.stdout and "disabled by IGNIS_HQ_CPU_KERNEL=0" in r.stdout
     assert "encoder True" in r.stdout
