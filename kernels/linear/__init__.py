@@ -12,9 +12,9 @@ half the time of torch's int4 kernel, and at 256 rows an fp32 GEMM takes a third
 """
 from __future__ import annotations
 
-import torch
-
 import threading
+
+import torch
 
 from ignis_kernels.linear import int4_cpu, q8_cpu, reference
 
@@ -37,6 +37,16 @@ def _tile_buffer(values: int) -> torch.Tensor:
     return buf
 
 
+def _by_tiles(n: int, k: int, rows: int, product) -> torch.Tensor:
+    """A many-row product over output rows [0, n) in tiles of `rows` (K = k values a row), each dequantized into this
+    thread's reused buffer: product(n0, n1, buf) -> fp32 [T, n1 − n0]; the tiles' results joined along the columns
+    (one tile: returned as is)."""
+    buf = _tile_buffer(k * min(rows, n))
+    if rows >= n:
+        return product(0, n, buf)
+    return torch.cat([product(n0, min(n, n0 + rows), buf) for n0 in range(0, n, rows)], dim=1)
+
+
 def int4_mm(x: torch.Tensor, packed: torch.Tensor, dm: torch.Tensor) -> torch.Tensor | None:
     """fp32 [T, N] = x [T, K] @ w [N, K]ᵀ, w = d·c + m (module docstring), or None where the kernels do not serve.
     x: float32 [T, K] contiguous on the CPU; packed: uint8 [N, K/2] codes as _convert_weight_to_int4pack_for_cpu
@@ -48,12 +58,8 @@ def int4_mm(x: torch.Tensor, packed: torch.Tensor, dm: torch.Tensor) -> torch.Te
     if not int4_cpu.takes(x, packed, dm):
         return None
     n, k = dm.shape[2], x.shape[1]
-    rows = max(32, TILE_VALUES // k // 32 * 32)
-    if rows >= n:
-        return torch.mm(x, int4_cpu.dequant_t(packed, dm, 0, n, _tile_buffer(k * n)))
-    buf = _tile_buffer(k * rows)
-    return torch.cat([torch.mm(x, int4_cpu.dequant_t(packed, dm, n0, min(n, n0 + rows), buf))
-                      for n0 in range(0, n, rows)], dim=1)
+    return _by_tiles(n, k, max(32, TILE_VALUES // k // 32 * 32),
+                     lambda n0, n1, buf: torch.mm(x, int4_cpu.dequant_t(packed, dm, n0, n1, buf)))
 
 
 def kernel_scales(d: torch.Tensor, m: torch.Tensor) -> torch.Tensor | None:
@@ -79,10 +85,8 @@ def q8_mm(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor | N
     if x.shape[0] <= MAX_KERNEL_ROWS:
         return q8_cpu.q8_mm(x, q, d)
     n, k = q.shape
-    rows = max(1, TILE_VALUES // k)
-    buf = _tile_buffer(k * min(rows, n))
-    return torch.cat([torch.nn.functional.linear(x, q8_cpu.dequant(q, d, n0, min(n, n0 + rows), buf))
-                      for n0 in range(0, n, rows)], dim=1)
+    return _by_tiles(n, k, max(1, TILE_VALUES // k),
+                     lambda n0, n1, buf: torch.nn.functional.linear(x, q8_cpu.dequant(q, d, n0, n1, buf)))
 
 
 def weight_kernel() -> str:
