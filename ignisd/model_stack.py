@@ -195,7 +195,8 @@ class ModelStack:
                  weight_format=cfg.model.weight_format,
                  **({"weight_kernel": weight_kernel()} if self.loaded.kind == "gguf" and
                     cfg.model.weight_format == "native" else {}),
-                 norm_kernel=norm_kernel(), kv_format=self.kv_format,
+                 norm_kernel=norm_kernel(), decode_step=self.loaded.model.decode_step(self.kv_format),
+                 kv_format=self.kv_format,
                  kv_format_why=plan.kv_why, kv_decode_kernel=decode_kernel(fmt.tag, self.kv.device),
                  **({"kv_encode_kernel": encode_kernel(self.kv.device),
                      "kv_window_kernel": window_kernel(self.kv.device)} if fmt.tag == "hq-e8-2b" else {}),

@@ -1,5 +1,5 @@
 """Build-on-first-use for the small C kernels of the CPU path (attention/hq_cpu.c, attention/dense_cpu.c, kvq/e8p_cpu.c,
-kvq/window_cpu.c, linear/int4_cpu.c, linear/q8_cpu.c, norm/rms_cpu.c), loaded through ctypes.
+kvq/window_cpu.c, linear/int4_cpu.c, linear/q8_cpu.c, norm/rms_cpu.c, decode/llama_cpu.c), loaded through ctypes.
 
 A kernel's C file is compiled with the system C compiler (`$CC`, else `cc`; -O3 -march=native -fopenmp, about a
 second) into the kernel cache ($IGNIS_KERNEL_CACHE, else $XDG_CACHE_HOME/ignis/kernels, else ~/.cache/ignis/kernels;

@@ -21,6 +21,7 @@ import torch
 from ignis_kernels.attention import PagedKV
 from ignisd.model.attention import Attention, AttentionPlan
 from ignisd.model.batch import ForwardBatch, ForwardContext, batch_logits, embed_rows
+from ignisd.model.fused_decode import FusedDecode
 from ignisd.model.gated_attention import GatedAttention
 from ignisd.model.gdn import GatedDeltaNet, GDNPlan, SlotStates
 from ignisd.model.hybrid_weights import expert_tensors
@@ -225,6 +226,15 @@ class Decoder:
         self.dtype = self.norm.weight.dtype if weight_format == "fp32" else torch.float32   # the residual stream's
         self.rotary = Rotary(spec, device=self.device)    # over the rotated dims only (spec.rotary_dim)
         self._state_shapes = {b.name: b.shape for b in spec.state_buffers()}
+        self._fused_why = FusedDecode.why_not(self)
+        self._fused = None if self._fused_why else FusedDecode(self)    # the CPU decode step in one C call
+
+    def decode_step(self, kv_format: str) -> str:
+        """What runs a decode step's layers, for the vram_plan line: "cpu (fused C layers, ...)" (FusedDecode) or
+        "per operator (why not fused)". kv_format: the KV pool's format name."""
+        if self._fused is None:
+            return f"per operator ({self._fused_why})"
+        return self._fused.describe(kv_format, self.batch_invariant)
 
     @property
     def weight_bytes(self) -> int:
@@ -267,6 +277,9 @@ class Decoder:
         x, positions = embed_rows(batch, self.embed, self.batch_invariant)
         cos, sin = self.rotary.tables(positions, max(c - 1 for c in batch.context_lens))
         aplan = AttentionPlan.from_batch(batch, single=not self.batch_invariant)
+        if self._fused is not None and not self.batch_invariant and FusedDecode.serves(batch, aplan, kv):
+            x = self._fused.run(x, cos, sin, batch, aplan, kv)
+            return batch_logits(x, batch, self.norm, self.lm_head, self.batch_invariant)
         ctx = ForwardContext(batch, cos, sin, aplan, gplan, kv, states)
         for layer in self.layers:
             x = x + layer.mixer(layer.in_norm(x), ctx)

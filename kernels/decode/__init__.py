@@ -1,0 +1,8 @@
+"""Fused decode steps (DESIGN §3 kernels/): llama_cpu.py runs a llama model's layers for a step of decode rows in one
+C call (llama_cpu.c) over the same C products, norms and attention the per-operator path calls, without its per-layer
+torch and ctypes glue."""
+from __future__ import annotations
+
+from ignis_kernels.decode import llama_cpu
+
+__all__ = ["llama_cpu"]

@@ -1,0 +1,133 @@
+"""The fused CPU decode step (ignis_kernels.decode.llama_cpu via ignisd.model.fused_decode): a tiny random llama with
+Q4_1 weights decodes through it, and its logits and written K/V are checked against two other routes: the same
+weights dequantized to fp32 through the torch path (the reference), and the per-operator C path; then which models
+and batches take it, and the switch."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ignisd.cache.kv_format import get_kv_format
+from ignisd.cache.kv_store import KVStore
+from ignisd.model.batch import ForwardBatch, SeqChunk
+from ignisd.model.hybrid import Decoder
+from ignisd.model.loader import _read_hf_weights, open_model
+from ignisd.model.quant import GroupQuant
+
+torch.set_num_threads(1)
+PT = 64
+
+
+def _q4_1(w: torch.Tensor) -> GroupQuant:
+    """w [N, K] fp32 as Q4_1 blocks of 32 (min / 15-step range per block, d and m rounded to fp16 as GGUF holds
+    them)."""
+    n, k = w.shape
+    g = w.view(n, k // 32, 32)
+    lo, hi = g.amin(-1), g.amax(-1)
+    d = ((hi - lo) / 15).clamp_min(1e-8).half().float()
+    m = lo.half().float()
+    q = ((g - m[..., None]) / d[..., None]).round().clamp(0, 15).to(torch.uint8).view(n, k)
+    return GroupQuant("Q4_1", q, d, m)
+
+
+@pytest.fixture(scope="module")
+def models(tiny_llama_dir):
+    """(spec, fused native decoder, the same with the fused step off, the dequantized weights as an fp32 decoder)."""
+    src = open_model(tiny_llama_dir)
+
+    def weights(quant: bool) -> dict:
+        w = _read_hf_weights(src.source, src.spec, lambda items, total=None, desc="": items)
+        return {name: (_q4_1(t) if quant else _q4_1(t).dequantize()) if name.endswith("proj.weight") else t
+                for name, t in w.items()}
+
+    fused = Decoder(src.spec, weights(True), weight_format="native")
+    ops = Decoder(src.spec, weights(True), weight_format="native")
+    ops._fused = None
+    ref = Decoder(src.spec, weights(False), weight_format="fp32")
+    assert fused._fused is not None and ref._fused is None
+    assert ref.decode_step("fp32") == "per operator (weights other than 4-bit ones the int4 kernel takes)"
+    assert fused.decode_step("fp32") == "cpu (fused C layers, 1 to 8 lanes)"
+    assert fused.decode_step("hq-e8-2b").startswith("per operator (the fused step reads fp32 pages")
+    return src.spec, fused, ops, ref
+
+
+# three sequences: their lengths, and page tables that interleave in the pool (not consecutive runs)
+LENS = (5, 70, 130)
+TABLES = ([9, 4, 1], [0, 7, 3], [2, 8, 5, 6])
+
+
+def _run(model, spec, steps: int, lanes: tuple[int, ...]):
+    """Prefill the sequences of `lanes`, then `steps` decode steps of all of them at once: (per step the logits
+    [len(lanes), vocab], the K pages of layer 0 after the last step)."""
+    kv = KVStore(get_kv_format("fp32"), spec, 10)
+    g = torch.Generator().manual_seed(11)
+    seqs = {i: torch.randint(3, 1000, (LENS[i],), generator=g).tolist() for i in lanes}
+    for i in lanes:
+        model.forward(ForwardBatch.build([SeqChunk(seqs[i], 0, TABLES[i], "last")], PT), kv)
+    out = []
+    for s in range(steps):
+        chunks = [SeqChunk([(7 * s + 13 * i) % 900 + 5], LENS[i] + s, TABLES[i], "last") for i in lanes]
+        out.append(model.forward(ForwardBatch.build(chunks, PT), kv))
+    return out, kv.buffer("k")[0].clone(), kv.buffer("v")[-1].clone()
+
+
+@pytest.mark.parametrize("lanes", [(0,), (1,), (0, 1, 2)])
+def test_fused_decode_matches_the_fp32_reference_and_the_operator_path(models, lanes):
+    spec, fused, ops, ref = models
+    got, k_got, v_got = _run(fused, spec, 6, lanes)
+    same, k_ops, v_ops = _run(ops, spec, 6, lanes)
+    want, k_ref, v_ref = _run(ref, spec, 6, lanes)
+    for a, b, c in zip(got, same, want):
+        scale = c.abs().max()
+        assert (a - c).abs().max() <= 1e-4 * scale      # the fp32 reference: exact products, fp32 rounding only
+        assert (a - b).abs().max() <= 2e-5 * scale      # the operator path: the same products and sums
+        assert torch.equal(a.argmax(-1), c.argmax(-1))
+    torch.testing.assert_close(k_got, k_ref, rtol=1e-5, atol=1e-6)   # the keys written (RoPE'd) and values
+    torch.testing.assert_close(v_got, v_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(k_got, k_ops, rtol=1e-6, atol=1e-7)
+    assert v_got.abs().sum() > 0
+
+
+def test_which_forwards_take_it(models, monkeypatch):
+    spec, fused, _, ref = models
+    calls = []
+    real = fused._fused.run
+    monkeypatch.setattr(fused._fused, "run", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    kv = KVStore(get_kv_format("fp32"), spec, 10)
+    fused.forward(ForwardBatch.build([SeqChunk(list(range(5, 25)), 0, [0], "last")], PT), kv)
+    assert calls == []                                                  # prefill: the operator path
+    fused.forward(ForwardBatch.build([SeqChunk([7], 20, [0], "last")], PT), kv)
+    assert calls == [1]                                                 # a decode step
+    mixed = [SeqChunk([8], 21, [0], "last"), SeqChunk([5, 6, 7], 0, [1], "last")]
+    fused.forward(ForwardBatch.build(mixed, PT), kv)
+    assert calls == [1]                                                 # decode beside a prefill chunk
+    many = [SeqChunk([9], 22 if i == 0 else 0, [i], "last") for i in range(9)]
+    fused.forward(ForwardBatch.build(many, PT), kv)
+    assert calls == [1]                                                 # 9 rows: more than the C product takes
+    fused.batch_invariant = True
+    try:
+        fused.forward(ForwardBatch.build([SeqChunk([7], 23, [0], "last")], PT), kv)
+    finally:
+        fused.batch_invariant = False
+    assert calls == [1]                                                 # batch_invariant: padded rows, torch path
+    bf16 = KVStore(get_kv_format("bf16"), spec, 2)
+    fused.forward(ForwardBatch.build([SeqChunk([5, 6], 0, [0], "last")], PT), bf16)
+    fused.forward(ForwardBatch.build([SeqChunk([7], 2, [0], "last")], PT), bf16)
+    assert calls == [1]                                                 # bf16 pages
+    assert ref._fused is None                                           # fp32 weights: never
+
+
+def test_the_switch_turns_it_off(tiny_llama_dir):
+    code = ("import sys; from ignisd.model.loader import load_model\n"
+            "from ignis_kernels.decode import llama_cpu\n"
+            "print(llama_cpu.available(), llama_cpu.error())")
+    env = {**os.environ, "IGNIS_FUSED_DECODE_KERNEL": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False disabled by IGNIS_FUSED_DECODE_KERNEL=0"
+    env = {**os.environ, "IGNIS_DENSE_CPU_KERNEL": "0"}                 # a kernel it is made of, off: off too
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False disabled by IGNIS_DENSE_CPU_KERNEL=0"
