@@ -26,6 +26,7 @@ from .client import Client, DaemonNotRunning, IgnisError, ReplyTimeout
 from .framing import MAX_TIMEOUT_S
 from .sampling_fields import MAX_TEMPERATURE
 from .status_view import render_status
+from .wire import MAX_TOKENS_LIMIT
 
 CLEAR = "\x1b[H\x1b[2J"      # cursor home + clear screen (ANSI), before each --watch redraw
 # a done with finish_reason "cancelled" names no cause: the daemon cancels an answer still running when it stops or
@@ -60,6 +61,18 @@ def _temperature(text: str) -> float:
     return _in_range(text, 0.0, MAX_TEMPERATURE, f"a number from 0 (greedy) to {MAX_TEMPERATURE:g}", lo_open=False)
 
 
+def _max_tokens(text: str) -> int:
+    """--max-tokens: a whole number from 1 to MAX_TOKENS_LIMIT, the sampling field's range (the daemon would refuse
+    the rest after connecting, exit 1; this is argparse's error, exit 2, like --temperature's)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if not 1 <= v <= MAX_TOKENS_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_TOKENS_LIMIT:,}, got {text!r}")
+    return v
+
+
 def _timeout(text: str) -> float:
     """--timeout: seconds, a finite number above 0 and at most MAX_TIMEOUT_S."""
     return _positive(text, MAX_TIMEOUT_S, f"a number of seconds above 0 and at most {MAX_TIMEOUT_S:,} (leave "
@@ -85,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", parents=[common], help="send one user message and stream the answer")
     chat.add_argument("text", help="the user message")
     chat.add_argument("--system", help="a system message before it")
-    chat.add_argument("--max-tokens", type=int, default=None, help="cap on generated tokens (default: the daemon's)")
+    chat.add_argument("--max-tokens", type=_max_tokens, default=None,
+                      help="cap on generated tokens (default: the daemon's)")
     chat.add_argument("--temperature", type=_temperature, default=0.0, help="sampling temperature (default 0: greedy)")
     chat.add_argument("--seed", type=int, default=None, help="sampling seed")
     status = sub.add_parser("status", parents=[common], help="draw the pools, lanes, queue and retained states")

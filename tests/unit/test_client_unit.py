@@ -331,6 +331,8 @@ NUMBER_OPTIONS = {   # option: (argv before it, what the refusal says is wanted)
                               "without a limit)"),
     # the daemon refused -1 too, but as "got -1.0" (argparse's float)
     "--temperature": (["chat", "hi"], "a number from 0 (greedy) to 2"),
+    # -1 reached the daemon and came back as an error after connecting (exit 1)
+    "--max-tokens": (["chat", "hi"], "a whole number from 1 to 2,147,483,647"),
     # a negative rate priced the lost tokens at negative seconds
     "--prefill-rate": (["lint", "/nonexistent/trace.jsonl"], "prefill tokens/s, a finite number above 0"),
 }
@@ -338,7 +340,8 @@ NUMBER_OPTIONS = {   # option: (argv before it, what the refusal says is wanted)
 
 @pytest.mark.parametrize("option, bad", [("--timeout", b) for b in ("0", "-1", "inf", "nan", "abc", "2e9")]
                          + [("--temperature", b) for b in ("-1", "2.5", "nan", "inf", "warm")]
-                         + [("--prefill-rate", b) for b in ("0", "-500", "inf", "nan", "fast")])
+                         + [("--prefill-rate", b) for b in ("0", "-500", "inf", "nan", "fast")]
+                         + [("--max-tokens", b) for b in ("0", "-1", "2147483648", "1.5", "many")])
 def test_cli_number_options_are_checked_as_typed(option, bad, capsys):
     """argparse refuses each before any connection, exit 2, naming the option and echoing the text given."""
     before, wanted = NUMBER_OPTIONS[option]
@@ -347,6 +350,11 @@ def test_cli_number_options_are_checked_as_typed(option, bad, capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err.endswith(f"ignis {before[0]}: error: argument {option}: must be {wanted}, "
                                             f"got '{bad}'\n")
+
+
+@pytest.mark.parametrize("ok, want", [("1", 1), ("2147483647", 2**31 - 1)])
+def test_cli_max_tokens_takes_the_range_ends(ok, want):
+    assert cli._parser().parse_args(["chat", "hi", "--max-tokens", ok]).max_tokens == want
 
 
 @pytest.mark.parametrize("ok, want", [("0", 0.0), ("2", 2.0), ("0.7", 0.7)])
