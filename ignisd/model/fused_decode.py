@@ -25,13 +25,12 @@ def _int4(lin) -> bool:
 class FusedDecode:
     """The fused step's per-model state: the layers' weight operands, and the C layer table per KV store.
 
-    decoder: a hybrid.Decoder for which `eligible` holds. Attributes: geometry (Hq, Hkv, d, intermediate, eps).
+    decoder: a hybrid.Decoder for which `why_not` returns ''. Attributes: geometry (Hq, Hkv, d, intermediate, eps).
     """
 
     def __init__(self, decoder) -> None:
         s = decoder.spec
-        self.geometry = (s.num_heads, s.num_kv_heads, s.head_dim, s.intermediate_size,
-                         s.rms_norm_eps)
+        self.geometry = (s.num_heads, s.num_kv_heads, s.head_dim, s.intermediate_size, s.rms_norm_eps)
         self._weights = []
         for layer in decoder.layers:
             a, m = layer.mixer, layer.mlp
@@ -74,9 +73,9 @@ class FusedDecode:
     @staticmethod
     def serves(batch, plan, kv) -> bool:
         """Whether this forward can take the fused step: only decode rows (plan: the AttentionPlan), at most
-        llama_cpu.MAX_ROWS, dense fp32 pages (no exact window)."""
+        llama_cpu.MAX_ROWS, dense fp32 pages (the fp32 format keeps no exact window)."""
         return (not plan.prefill and plan.decode_rows is not None and batch.num_tokens <= llama_cpu.MAX_ROWS
-                and getattr(kv, "exact_window_pages", 1) is None and getattr(kv, "kv_format", "") == "fp32")
+                and getattr(kv, "kv_format", "") == "fp32")
 
     def _layer_table(self, kv):
         """The C layer table over `kv`'s page buffers (rebuilt when the store's buffers are other tensors)."""

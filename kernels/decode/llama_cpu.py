@@ -17,13 +17,13 @@ import torch
 
 from ignis_kernels.attention import dense_cpu
 from ignis_kernels.cbuild import Kernel
-from ignis_kernels.linear import int4_cpu
+from ignis_kernels.linear import MAX_KERNEL_ROWS, int4_cpu
 from ignis_kernels.norm import rms_cpu
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int
-MAX_ROWS = 8
-"""The most decode rows a fused step takes (the int4 kernel's few-row product, ignis_kernels.linear.MAX_KERNEL_ROWS)."""
+MAX_ROWS = MAX_KERNEL_ROWS
+"""The most decode rows a fused step takes: as many as the int4 kernel's few-row product."""
 
 
 class Layer(ctypes.Structure):

@@ -12,8 +12,9 @@
  * c[32·nb + j + 16][k] in its high nibble. d and m: fp16 [K/32][2][N] (per group, the N d's then the N m's).
  *
  * Work: OpenMP over pairs of blocks of 32 output rows; activation rows in pairs (each code converted once for two
- * rows), an odd last row against both blocks of the pair at once (eight independent accumulators). Each output element is summed in the same order whatever T and the thread count, so a row's
- * result does not depend on its batch.
+ * rows), an odd last row against both blocks of the pair at once (eight independent accumulators). Each output
+ * element is summed in the same order whatever T and the thread count, so a row's result does not depend on its
+ * batch.
  * Threads: the libgomp torch has loaded (cbuild), so torch's thread count.
  */
 #include <stdint.h>

@@ -27,6 +27,7 @@ def test_native_answers_paris(native_daemon):
     assert 'weight_format=native weight_kernel="cpu (C kernels, exact fp32)" norm_kernel="cpu (C kernel)"' in plan, \
         plan
     assert 'kv_decode_kernel="cpu (C kernel)"' in plan, plan
+    assert 'decode_step="cpu (fused C layers, 1 to 8 lanes)"' in plan, plan
 
 
 def test_native_batched_decode_equals_single_lane(native_daemon):
