@@ -85,6 +85,61 @@ def _write_decode_row(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan,
     return ExactRing(w[:, 0], w[:, 1], sk[:, 0], sk[:, 1], wp, cv)
 
 
+def _decode_events(store, layer: int, plan, pl: list[int], win: torch.Tensor, sinks: torch.Tensor | None,
+                   center: torch.Tensor | None, cvals: bool, enc: tuple[list, list, list]) -> None:
+    """The window events of a batch's decode rows (positions pl) at attention layer `layer`, before their tokens are
+    written: the centre of each row at position (Wp + 1)·pt fixed from page 0 (its ring and sinks re-centred), then
+    each page that leaves the window queued for the encoder into enc = (rows, pool slots, page-0 flags), read from
+    the (re-centred) ring. win, sinks, center: the layer's state buffers as write_exact takes them."""
+    fmt, pt = store.format, store.page_tokens
+    wp, n_sinks = fmt.exact_window_pages, fmt.exact_sinks
+    signs, slots = store.signs[layer], plan.decode_slots
+    if center is not None:
+        for i in (i for i, p in enumerate(pl) if p == (wp + 1) * pt):     # page 0 leaves the window
+            s = int(slots[i])
+            center[s] = _center_mean(win[s].transpose(0, 1)[:pt], n_sinks, pt, cvals, store.center_dims, signs)
+            win[s] = _recenter(win[s], center[s])
+            if sinks is not None:
+                sinks[s] = _recenter(sinks[s], center[s])
+    sel = [i for i, p in enumerate(pl) if _leaves_window(p, pt, wp)]
+    if sel:
+        dev = win.device
+        si = torch.tensor(sel, device=dev)
+        q = (plan.decode_lens[si] - 1) // pt - wp - 1
+        offs = torch.arange(pt, device=dev)
+        rows = _take_ring(win, slots[si], q[:, None] * pt + offs, fmt.ring_tokens)   # [N, pt, 2, Hkv, d]
+        enc[0].append(rows.reshape(-1, *rows.shape[2:]))
+        enc[1].append((plan.decode_pages[si, q][:, None] * pt + offs).reshape(-1))
+        enc[2].append(q == 0)
+
+
+def prepare_decode(store, plan, states) -> None:
+    """The window events of a batch of only decode rows (plan: its AttentionPlan, decode_slots set), for every
+    attention layer of `store`, run before a step that writes the rows' tokens and attends in one C call (the fused
+    decode step, ignis_kernels.decode.llama_cpu.decode_hq): the centre fixed and the pages that leave the window
+    encoded (all layers in one KVStore.encode_layers call), as write_exact does at the start of its decode rows.
+    Nothing happens on 63 steps of 64 of a row.
+    Raises KeyError for a state store without the window buffers."""
+    fmt, pt = store.format, store.page_tokens
+    wp = fmt.exact_window_pages
+    pl = (plan.decode_lens - 1).tolist()
+    centre = getattr(fmt, "centering", "") and any(p == (wp + 1) * pt for p in pl)
+    if not centre and not any(_leaves_window(p, pt, wp) for p in pl):
+        return
+    rows, slots, first = [], None, None
+    for layer in range(store.n_attention_layers):
+        win = states.buffer("kv_window")[:, layer]
+        sinks = states.buffer("kv_sinks")[:, layer] if fmt.exact_sinks else None
+        center = states.buffer("kv_center")[:, layer] if getattr(fmt, "centering", "") else None
+        enc = ([], [], [])
+        _decode_events(store, layer, plan, pl, win, sinks, center, center is not None and fmt.centers_values, enc)
+        if enc[0]:                                 # the same pool slots in every layer
+            rows.append(torch.cat(enc[0]))
+            slots, first = torch.cat(enc[1]), torch.cat(enc[2])
+    if rows:                                       # one pass of the encoder for all layers
+        store.encode_layers(list(range(len(rows))), slots, torch.stack(rows), first)
+
+
 def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, states) -> tuple[list, ExactRing | None]:
     """Steps 1-5 above for attention layer `layer` of `store` (a KVStore of an exact-window format).
 
@@ -158,15 +213,9 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
         cv = None
         pl, sl_ = pos.tolist(), slots.tolist()                               # decisions on ints (B is small)
         one = len(pl) == 1                                                    # one row: views, no copies
+        _decode_events(store, layer, plan, pl, win, sinks, center, cvals, (enc_rows, enc_slots, enc_first))
         if center is not None:
             c0 = (wp + 1) * pt                                                # page 0 leaves the window at c0
-            for i in (i for i, p in enumerate(pl) if p == c0):
-                s = sl_[i]
-                center[s] = _center_mean(win[s].transpose(0, 1)[:pt], n_sinks, pt, cvals,
-                                         store.center_dims, signs)
-                win[s] = _recenter(win[s], center[s])
-                if sinks is not None:
-                    sinks[s] = _recenter(sinks[s], center[s])
             if one:                                                           # Python-int decisions, one op
                 on1 = pl[0] >= c0
                 if on1:
@@ -178,14 +227,6 @@ def write_exact(store, layer: int, k: torch.Tensor, v: torch.Tensor, plan, state
                 cen = center[slots]                                           # [B, 2, Hkv, d]
                 ud = torch.where(on, _recenter(ud[:, :, None], cen)[:, :, 0], ud)
                 cv = torch.where(on[:, 0], cen[:, 1], torch.zeros_like(cen[:, 1])) if cvals else None
-        sel = [i for i, p in enumerate(pl) if _leaves_window(p, pt, wp)]
-        if sel:
-            si = torch.tensor(sel, device=dev)
-            q = pos[si] // pt - wp - 1
-            enc_rows.append(_take_ring(win, slots[si], q[:, None] * pt + offs, ring).reshape(-1, *u.shape[1:]))
-            page = plan.decode_pages[si, q]
-            enc_slots.append((page[:, None] * pt + offs).reshape(-1))
-            enc_first.append(q == 0)
         s0 = sl_[0] if one else 0
         if one:
             win[s0, :, pl[0] % ring] = ud[0]

@@ -22,7 +22,7 @@ import ignis_kernels.kvq as kvq
 from ignis_kernels.attention import PagedView
 from ignis_kernels.kvq import page_center
 from ignis_kernels.kvq.rotation import layer_signs, rotate, unrotate
-from ignisd.cache.exact_window import write_exact
+from ignisd.cache.exact_window import prepare_decode, write_exact
 from ignisd.cache.kv_format import Geometry, KVFormat, KVGeometry
 from ignisd.vocab import PAGE_TOKENS
 
@@ -148,6 +148,14 @@ class KVStore:
             raise ValueError(f"KVStore: format {self.kv_format!r} keeps no exact window; use write()")
         return write_exact(self, layer, k, v, plan, states)
 
+    def prepare_decode(self, plan, states) -> None:
+        """A format with an exact window, before a decode step that writes and attends outside write_exact (the
+        fused CPU step): run the step's window events for every layer (cache/exact_window.prepare_decode). Raises
+        ValueError on a dense store."""
+        if self.exact_window_pages is None:
+            raise ValueError(f"KVStore: format {self.kv_format!r} keeps no exact window")
+        prepare_decode(self, plan, states)
+
     def encode_into(self, layer: int, slots: torch.Tensor, u: torch.Tensor, first: torch.Tensor | None = None
                     ) -> None:
         """Encode exact rotated tokens into the pool: u [N, 2, Hkv, d] (N tokens, kind 0 keys, 1 values) at pool
@@ -155,23 +163,50 @@ class KVStore:
         pages (their slots in position order), each page's keys encoded relative to its key centre, which its
         "center" bytes keep (ignis_kernels.kvq.page_center); first: BoolTensor [N / pt] marking a sequence's page
         0, whose sink positions stay out of its centre (None: no page 0)."""
+        self.encode_layers([layer], slots, u[None], first)
+
+    def encode_layers(self, layers: list[int], slots: torch.Tensor, u: torch.Tensor,
+                      first: torch.Tensor | None = None) -> None:
+        """`encode_into` for several attention layers at the same pool slots in one pass of the codec: u [len(layers),
+        N, 2, Hkv, d]; layer i's tokens u[i] go to slots `slots` of layers[i]. The same bytes as one encode_into a
+        layer (every step of the codec is per vector, or per page for the centre), at the cost of one call: what a
+        decode step pays when a page of every layer leaves the window at once."""
         u = u.float()
-        if self.format.tag == "hq-e8-2b":
-            pt = self.page_tokens
-            mu = page_center.page_means(u, pt, first, self.format.exact_sinks)                  # [n, Hkv, d]
-            if self.page_center_dims is not None:                            # kept on those dims only
-                sk = self.signs[layer][0]
-                mu = rotate(unrotate(mu, sk) * self.page_center_dims, sk)
-            mu = page_center.round_center(mu, pt)
-            u = u.clone()
-            u[:, 0] -= mu.repeat_interleave(pt, dim=0)
-            fields = self._quantize(u, self.signs[layer])
-            fields["center"] = page_center.pack(mu, pt)                      # [n, pt, Hkv, 4]
-        else:
-            fields = self._quantize(u, self.signs[layer])
+        n = u.shape[1]
+        if self.format.tag != "hq-e8-2b" or self._quantize is not _e8p_fields:   # a quantizer reading the signs
+            for i, layer in enumerate(layers):
+                fields = self._quantize(u[i], self.signs[layer]) if self.format.tag != "hq-e8-2b" else \
+                    self._centred_fields([layer], u[i:i + 1], first)
+                self._write_fields([layer], slots, fields, n)
+            return
+        self._write_fields(layers, slots, self._centred_fields(layers, u, first), n)
+
+    def _centred_fields(self, layers: list[int], u: torch.Tensor, first: torch.Tensor | None) -> dict:
+        """hq-e8-2b's page buffer values of u [len(layers), N, 2, Hkv, d] (whole pages): each page's keys relative
+        to its key centre, the centre in its "center" bytes -> {name: [len(layers)·N, ...]}."""
+        nl, pt = u.shape[0], self.page_tokens
+        flat = u.reshape(-1, *u.shape[2:])
+        firsts = first.repeat(nl) if first is not None else None
+        mu = page_center.page_means(flat, pt, firsts, self.format.exact_sinks)                 # [nl·N/pt, Hkv, d]
+        if self.page_center_dims is not None:                                # kept on those dims only
+            sk = self.signs[layers][:, 0, None]                              # [nl, 1, Hkv, d]
+            mu = mu.view(nl, -1, *mu.shape[1:])
+            mu = rotate(unrotate(mu, sk) * self.page_center_dims, sk).reshape(-1, *mu.shape[2:])
+        mu = page_center.round_center(mu, pt)
+        flat = flat.clone()
+        flat[:, 0] -= mu.repeat_interleave(pt, dim=0)
+        fields = self._quantize(flat, self.signs[layers[0]])
+        fields["center"] = page_center.pack(mu, pt)                          # [nl·N/pt, pt, Hkv, 4]
+        return fields
+
+    def _write_fields(self, layers: list[int], slots: torch.Tensor, fields: dict[str, torch.Tensor], n: int) -> None:
+        """Each page buffer's values of n tokens a layer (fields: name -> [len(layers)·n, ...]) into `slots` of
+        `layers`."""
+        rows = (torch.tensor(layers, device=slots.device)[:, None] * self.num_slots + slots).reshape(-1)
         for name, t in fields.items():
-            buf = self._buffers[name][layer]
-            buf.index_copy_(0, slots, t.reshape(u.shape[0], *buf.shape[1:]).to(buf.dtype))
+            buf = self._buffers[name]
+            flat = buf.view(-1, *buf.shape[2:])
+            flat.index_copy_(0, rows, t.reshape(rows.shape[0], *buf.shape[2:]).to(buf.dtype))
 
     def view(self, layer: int) -> PagedView:
         """Attention layer `layer`'s pages as the kernels read them: PagedView(tag, {name: [num_pages, page_tokens,

@@ -278,7 +278,7 @@ class Decoder:
         cos, sin = self.rotary.tables(positions, max(c - 1 for c in batch.context_lens))
         aplan = AttentionPlan.from_batch(batch, single=not self.batch_invariant)
         if self._fused is not None and not self.batch_invariant and FusedDecode.serves(batch, aplan, kv):
-            x = self._fused.run(x, cos, sin, batch, aplan, kv)
+            x = self._fused.run(x, cos, sin, batch, aplan, kv, states)
             return batch_logits(x, batch, self.norm, self.lm_head, self.batch_invariant)
         ctx = ForwardContext(batch, cos, sin, aplan, gplan, kv, states)
         for layer in self.layers:

@@ -64,7 +64,8 @@ class PagedKV(Protocol):
     n_attention_layers: layers the store holds (the decoder checks it against its spec). exact_window_pages: None
     for a format that keeps no exact window (dense: attention layers call `write`); an int Wp for one that does
     (hq-e8-2b: the layers call the store's `write_exact` with the per-sequence state instead, which returns the
-    ExactSpan / ExactRing attention reads).
+    ExactSpan / ExactRing attention reads; the fused CPU decode step calls its `prepare_decode` once a step, then
+    writes the window itself).
     """
 
     n_attention_layers: int

@@ -33,6 +33,9 @@
 #define CHUNK 256
 
 static float half_to_float(uint16_t h) {
+#if defined(__F16C__) && defined(__AVX2__)
+    return _cvtsh_ss(h);                            /* exact, one instruction */
+#else
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
     if (exp == 0) {
         if (man == 0) {
@@ -50,6 +53,7 @@ static float half_to_float(uint16_t h) {
     float f;
     memcpy(&f, &bits, 4);
     return f;
+#endif
 }
 
 /* float8 e4m3fn (sign 1, exponent 4 bits bias 7, mantissa 3 bits; subnormals at exponent 0; 0x7f / 0xff NaN, no
@@ -107,6 +111,7 @@ typedef struct {
     int64_t rs_b, rs_r, rs_h, ss_b, ss_s, ss_h;
     int ring, n_sinks, wp;
     const int64_t *ctx;      /* [B] context lengths */
+    const int64_t *row_slot; /* [B] the index of row b's ring and sinks in ring_k / sink_k (NULL: b) */
     const float *qs;         /* [B, Hkv, g, d] rotated, τ-scaled queries */
     const float *cq;         /* [B, Hkv, g] */
 } args_t;
@@ -145,53 +150,59 @@ static inline __attribute__((always_inline)) void compressed(const args_t *a, co
     v8f qv[MAX_G * MAX_D / 8];                        /* the group's queries as 8-lane vectors */
     for (int i = 0; i < g * nb; i++) memcpy(&qv[i], qs + 8 * i, 32);
     float qmu[MAX_G];                                 /* q_s·μ_K of the current page, per row of the group */
-    for (int t = 0; t < n; t++) {
-        int pos = tk->t0 + t;
-        if (t == 0 || pos % pt == 0) {                /* a new page: its centre's dot with each row, once */
-            if (a->center_size) {
-                float mu[MAX_D];
-                page_center(a, pages[pos / pt], tk->h, d, mu);
-                for (int i = 0; i < g; i++) {
-                    v8f s = (v8f){0, 0, 0, 0, 0, 0, 0, 0};
-                    for (int j = 0; j < nb; j++) {
-                        v8f mv;
-                        memcpy(&mv, mu + 8 * j, 32);
-                        s += qv[i * nb + j] * mv;
-                    }
-                    qmu[i] = hsum(s);
+    const int64_t step = 2 * (int64_t)hkv;            /* records from one token to the next in a page */
+    for (int t = 0; t < n;) {
+        const int pos = tk->t0 + t, off = pos % pt, len = pt - off < n - t ? pt - off : n - t;
+        const int64_t page = pages[pos / pt];
+        if (a->center_size) {                         /* a new page: its centre's dot with each row, once */
+            float mu[MAX_D];
+            page_center(a, page, tk->h, d, mu);
+            for (int i = 0; i < g; i++) {
+                v8f s = (v8f){0, 0, 0, 0, 0, 0, 0, 0};
+                for (int j = 0; j < nb; j++) {
+                    v8f mv;
+                    memcpy(&mv, mu + 8 * j, 32);
+                    s += qv[i * nb + j] * mv;
                 }
-            } else {
-                for (int i = 0; i < g; i++) qmu[i] = 0.f;
+                qmu[i] = hsum(s);
             }
+        } else {
+            for (int i = 0; i < g; i++) qmu[i] = 0.f;
         }
-        int64_t rec = ((pages[pos / pt] * pt + pos % pt) * 2) * hkv + tk->h;   /* kind 0 (keys) */
-        const int16_t *c = a->codes + rec * nb;
-        v8f s8[MAX_G];
-        for (int i = 0; i < g; i++) s8[i] = (v8f){0, 0, 0, 0, 0, 0, 0, 0};
-        for (int j = 0; j < nb; j++) {
-            v8f xv = word8(a->words, c[j]);
-            for (int i = 0; i < g; i++) s8[i] += qv[i * nb + j] * xv;
-        }
-        float s4 = a->scale[rec] * 0.25f, r = half_to_float(a->resid[rec]), r2 = r * r;
-        for (int i = 0; i < g; i++) {
-            float zz = s4 * hsum(s8[i]) + qmu[i] - cq[i] * r2;
-            z[i][t] = zz;
-            if (zz > mx[i]) mx[i] = zz;
+        const int64_t rec0 = ((page * pt + off) * 2) * hkv + tk->h;   /* kind 0 (keys) */
+        for (int u = 0; u < len; u++, t++) {
+            const int64_t rec = rec0 + u * step;
+            const int16_t *c = a->codes + rec * nb;
+            v8f s8[MAX_G];
+            for (int i = 0; i < g; i++) s8[i] = (v8f){0, 0, 0, 0, 0, 0, 0, 0};
+            for (int j = 0; j < nb; j++) {
+                v8f xv = word8(a->words, c[j]);
+                for (int i = 0; i < g; i++) s8[i] += qv[i * nb + j] * xv;
+            }
+            float s4 = a->scale[rec] * 0.25f, r = half_to_float(a->resid[rec]), r2 = r * r;
+            for (int i = 0; i < g; i++) {
+                float zz = s4 * hsum(s8[i]) + qmu[i] - cq[i] * r2;
+                z[i][t] = zz;
+                if (zz > mx[i]) mx[i] = zz;
+            }
         }
     }
     task_softmax(&z[0][0], CHUNK, g, n, mx, m_out, l_out);
     v8f ov[MAX_G * MAX_D / 8];
     for (int i = 0; i < g * nb; i++) ov[i] = (v8f){0, 0, 0, 0, 0, 0, 0, 0};
-    for (int t = 0; t < n; t++) {
-        int pos = tk->t0 + t;
-        int64_t rec = ((pages[pos / pt] * pt + pos % pt) * 2 + 1) * hkv + tk->h;   /* kind 1 (values) */
-        const int16_t *c = a->codes + rec * nb;
-        float s4 = a->scale[rec] * 0.25f;
-        v8f pw[MAX_G];
-        for (int i = 0; i < g; i++) { float p = z[i][t] * s4; pw[i] = (v8f){p, p, p, p, p, p, p, p}; }
-        for (int j = 0; j < nb; j++) {
-            v8f xv = word8(a->words, c[j]);
-            for (int i = 0; i < g; i++) ov[i * nb + j] += pw[i] * xv;
+    for (int t = 0; t < n;) {
+        const int pos = tk->t0 + t, off = pos % pt, len = pt - off < n - t ? pt - off : n - t;
+        const int64_t rec0 = ((pages[pos / pt] * pt + off) * 2 + 1) * hkv + tk->h;   /* kind 1 (values) */
+        for (int u = 0; u < len; u++, t++) {
+            const int64_t rec = rec0 + u * step;
+            const int16_t *c = a->codes + rec * nb;
+            float s4 = a->scale[rec] * 0.25f;
+            v8f pw[MAX_G];
+            for (int i = 0; i < g; i++) { float p = z[i][t] * s4; pw[i] = (v8f){p, p, p, p, p, p, p, p}; }
+            for (int j = 0; j < nb; j++) {
+                v8f xv = word8(a->words, c[j]);
+                for (int i = 0; i < g; i++) ov[i * nb + j] += pw[i] * xv;
+            }
         }
     }
     for (int i = 0; i < g * nb; i++) memcpy(acc + 8 * i, &ov[i], 32);
@@ -216,6 +227,7 @@ static void run_task(const args_t *a, const task_t *tk, float *m_out, float *l_o
     memset(acc, 0, sizeof(float) * g * d);
     for (int i = 0; i < g; i++) mx[i] = -INFINITY;
     const int ctx = (int)a->ctx[tk->b], pos = ctx - 1;
+    const int64_t rb = a->row_slot ? a->row_slot[tk->b] : tk->b;
     int n_enc = pos / pt - a->wp;
     if (n_enc < 0) n_enc = 0;
     int lo = n_enc * pt > a->n_sinks ? n_enc * pt : a->n_sinks;
@@ -225,8 +237,8 @@ static void run_task(const args_t *a, const task_t *tk, float *m_out, float *l_o
     float *zz = malloc(sizeof(float) * (size_t)g * (size_t)(n > 0 ? n : 1));
     for (int t = 0; t < n; t++) {
         const float *k;
-        if (t < ns) k = a->sink_k + tk->b * a->ss_b + t * a->ss_s + tk->h * a->ss_h;
-        else k = a->ring_k + tk->b * a->rs_b + ((lo + t - ns) % a->ring) * a->rs_r + tk->h * a->rs_h;
+        if (t < ns) k = a->sink_k + rb * a->ss_b + t * a->ss_s + tk->h * a->ss_h;
+        else k = a->ring_k + rb * a->rs_b + ((lo + t - ns) % a->ring) * a->rs_r + tk->h * a->rs_h;
         for (int i = 0; i < g; i++) {
             float s = dot(qs + i * d, k, d);
             zz[i * n + t] = s;
@@ -242,8 +254,8 @@ static void run_task(const args_t *a, const task_t *tk, float *m_out, float *l_o
     }
     for (int t = 0; t < n; t++) {
         const float *v;
-        if (t < ns) v = a->sink_v + tk->b * a->ss_b + t * a->ss_s + tk->h * a->ss_h;
-        else v = a->ring_v + tk->b * a->rs_b + ((lo + t - ns) % a->ring) * a->rs_r + tk->h * a->rs_h;
+        if (t < ns) v = a->sink_v + rb * a->ss_b + t * a->ss_s + tk->h * a->ss_h;
+        else v = a->ring_v + rb * a->rs_b + ((lo + t - ns) % a->ring) * a->rs_r + tk->h * a->rs_h;
         for (int i = 0; i < g; i++) {
             float p = zz[i * n + t];
             float *o = acc + i * d;
@@ -255,14 +267,16 @@ static void run_task(const args_t *a, const task_t *tk, float *m_out, float *l_o
 
 /* Returns 0, or -1 for a geometry outside the compiled limits (g > MAX_G, d > MAX_D or not a power of two ≥ 8) or a
  * centre that does not fit its page (center_size not 0, 1, 2 or 4, or d·center_size > 4·pt). center: the layer's
- * "center" buffer [P, pt, Hkv, 4] (unused when center_size is 0). */
-int hq_decode(const float *q, const float *signs, float tau, float vc, int bsz, int hq, int hkv, int d, int pt,
-              int wp, int ring, int n_sinks, const int64_t *ctx, const int64_t *pages, int64_t page_stride,
-              const int16_t *codes, const float *scale, const uint16_t *resid, const uint8_t *center,
-              int center_size, const int64_t *words,
-              const float *ring_k, const float *ring_v, int64_t rs_b, int64_t rs_r, int64_t rs_h,
-              const float *sink_k, const float *sink_v, int64_t ss_b, int64_t ss_s, int64_t ss_h,
-              const float *center_v, float *out) {
+ * "center" buffer [P, pt, Hkv, 4] (unused when center_size is 0). row_slot [B] (or NULL: b): the index of row b's
+ * ring and sinks, in units of rs_b and ss_b (a state slot, when the fused decode step reads the window buffers in
+ * place). center_v [B, Hkv, d] or NULL. */
+static int hq_decode_rows(const float *q, const float *signs, float tau, float vc, int bsz, int hq, int hkv, int d,
+                          int pt, int wp, int ring, int n_sinks, const int64_t *ctx, const int64_t *pages,
+                          int64_t page_stride, const int16_t *codes, const float *scale, const uint16_t *resid,
+                          const uint8_t *center, int center_size, const int64_t *words,
+                          const float *ring_k, const float *ring_v, int64_t rs_b, int64_t rs_r, int64_t rs_h,
+                          const float *sink_k, const float *sink_v, int64_t ss_b, int64_t ss_s, int64_t ss_h,
+                          const float *center_v, const int64_t *row_slot, float *out) {
     const int g = hq / hkv;
     if (g > MAX_G || d > MAX_D || d < 8 || (d & (d - 1)) || g * hkv != hq) return -1;
     if (center_size != 0 && (center == NULL || (center_size != 1 && center_size != 2 && center_size != 4)
@@ -301,7 +315,7 @@ int hq_decode(const float *q, const float *signs, float tau, float vc, int bsz, 
     }
     float *part = malloc(sizeof(float) * (size_t)ntask * g * (d + 2));
     args_t a = {codes, scale, resid, center, center_size, words, pages, page_stride, pt, hkv, g, d, ring_k, ring_v,
-                sink_k, sink_v, rs_b, rs_r, rs_h, ss_b, ss_s, ss_h, ring, n_sinks, wp, ctx, qs, cq};
+                sink_k, sink_v, rs_b, rs_r, rs_h, ss_b, ss_s, ss_h, ring, n_sinks, wp, ctx, row_slot, qs, cq};
     #pragma omp parallel for schedule(dynamic, 1) if (ntask > 1)
     for (int i = 0; i < ntask; i++) {
         float *p = part + (int64_t)i * g * (d + 2);
@@ -331,4 +345,17 @@ int hq_decode(const float *q, const float *signs, float tau, float vc, int bsz, 
     free(qs);
     free(cq);
     return 0;
+}
+
+/* hq_decode_rows with row b's ring and sinks at index b (the exported entry point of hq_cpu.py). */
+int hq_decode(const float *q, const float *signs, float tau, float vc, int bsz, int hq, int hkv, int d, int pt,
+              int wp, int ring, int n_sinks, const int64_t *ctx, const int64_t *pages, int64_t page_stride,
+              const int16_t *codes, const float *scale, const uint16_t *resid, const uint8_t *center,
+              int center_size, const int64_t *words,
+              const float *ring_k, const float *ring_v, int64_t rs_b, int64_t rs_r, int64_t rs_h,
+              const float *sink_k, const float *sink_v, int64_t ss_b, int64_t ss_s, int64_t ss_h,
+              const float *center_v, float *out) {
+    return hq_decode_rows(q, signs, tau, vc, bsz, hq, hkv, d, pt, wp, ring, n_sinks, ctx, pages, page_stride, codes,
+                          scale, resid, center, center_size, words, ring_k, ring_v, rs_b, rs_r, rs_h, sink_k, sink_v,
+                          ss_b, ss_s, ss_h, center_v, NULL, out);
 }

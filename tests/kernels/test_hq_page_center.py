@@ -109,3 +109,25 @@ def test_page_centre_dims_keep_the_centre_on_those_dims_only():
         assert torch.allclose(got, want, atol=1e-5), p
     with pytest.raises(ValueError, match=r"page_center_dims must be \[8\]"):
         KVStore(fmt, geom, 2, page_tokens=8, page_center_dims=torch.ones(4))
+
+
+def test_encoding_several_layers_at_once_writes_the_bytes_of_one_layer_at_a_time():
+    """KVStore.encode_layers (a decode step's pages of every layer in one pass, exact_window.prepare_decode) against
+    encode_into per layer: every page buffer byte for byte, page 0 (sinks out of its centre) and a later page, with
+    page_center_dims set."""
+    from ignisd.cache.kv_format import HQFormat, KVGeometry
+    from ignisd.cache.kv_store import KVStore
+    fmt = HQFormat("hq-e8-2b", "hq-e8-2b", "float32", exact_window=8, exact_sinks=2, page_tokens=8)
+    geom = KVGeometry(3, 2, 16)                                                 # d 16: a float16 centre
+    dims = torch.tensor([1.0, 0] * 8)
+    one, many = (KVStore(fmt, geom, 6, page_tokens=8, page_center_dims=dims) for _ in range(2))
+    g = torch.Generator().manual_seed(9)
+    u = torch.randn(3, 16, 2, 2, 16, generator=g) + torch.randn(3, 1, 2, 2, 16, generator=g)   # 2 pages a layer
+    slots = torch.cat((torch.arange(8) + 8 * 4, torch.arange(8) + 8 * 1))     # pages 4 and 1 of the pool
+    first = torch.tensor([True, False])
+    for layer in range(3):
+        one.encode_into(layer, slots, u[layer], first)
+    many.encode_layers([0, 1, 2], slots, u, first)
+    for name in one.buffer_names:
+        assert torch.equal(one.buffer(name), many.buffer(name)), name
+    assert one.buffer("codes")[2, 8:16].any() and not one.buffer("codes")[:, 16:32].any()

@@ -32,6 +32,12 @@ def _layer(h: int, hq: int, hkv: int, d: int, inter: int, slots: int, g: torch.G
     return ops
 
 
+def _tables(layers: list[dict]) -> tuple:
+    """(llama_cpu.layer_table of the weights, llama_cpu.dense_table of the pages) of `layers`."""
+    weights = [{k: v for k, v in lay.items() if not k.endswith("_pages")} for lay in layers]
+    return llama_cpu.layer_table(weights), llama_cpu.dense_table([(lay["k_pages"], lay["v_pages"]) for lay in layers])
+
+
 @pytest.mark.parametrize("h, hq, hkv, d, inter", [(64, 4, 2, 16, 96), (128, 9, 3, 32, 160), (64, 4, 1, 64, 64)])
 @pytest.mark.parametrize("rows", [1, 2, 5, 8])
 def test_kernel_matches_the_reference(h, hq, hkv, d, inter, rows):
@@ -51,8 +57,7 @@ def test_kernel_matches_the_reference(h, hq, hkv, d, inter, rows):
     ref_layers = [{k: v.clone() for k, v in lay.items()} for lay in layers]
     want = reference.llama_decode(ref_layers, x.clone(), (hq, hkv, d, inter, 1e-5), cos, sin, slots, ctx, pages, PT)
     got = x.clone()
-    table = llama_cpu.layer_table(layers)
-    llama_cpu.decode(table, got, (hq, hkv, d, inter, 1e-5), cos, sin_rot.contiguous(), slots, ctx, pages, PT)
+    llama_cpu.decode(*_tables(layers), got, (hq, hkv, d, inter, 1e-5), cos, sin_rot.contiguous(), slots, ctx, pages, PT)
     assert (got - want).norm() <= 1e-5 * want.norm()
     for a, b in zip(layers, ref_layers):                                   # the new keys (RoPE'd) and values
         for name in ("k_pages", "v_pages"):
@@ -68,5 +73,5 @@ def test_a_geometry_outside_the_kernel_is_refused():
     x = torch.randn(1, 64, generator=g)
     one = torch.tensor([1])
     with pytest.raises(RuntimeError, match="refused its operands"):           # 4 query heads on 3 KV heads
-        llama_cpu.decode(llama_cpu.layer_table(layers), x, (4, 3, 16, 96, 1e-5), torch.ones(1, 16),
-                         torch.zeros(1, 16), one, one, torch.tensor([[0, 1, 2]]), PT)
+        llama_cpu.decode(*_tables(layers), x, (4, 3, 16, 96, 1e-5), torch.ones(1, 16), torch.zeros(1, 16), one, one,
+                         torch.tensor([[0, 1, 2]]), PT)

@@ -11,10 +11,12 @@ import sys
 import pytest
 import torch
 
-from ignisd.cache.kv_format import get_kv_format
+from ignisd.cache.kv_format import HQFormat, get_kv_format
 from ignisd.cache.kv_store import KVStore
+from ignisd.cache.state_store import StateStore
 from ignisd.model.batch import ForwardBatch, SeqChunk
 from ignisd.model.hybrid import Decoder
+from ignisd.model.layers import rope_stable_dims
 from ignisd.model.loader import _read_hf_weights, open_model
 from ignisd.model.quant import GroupQuant
 
@@ -51,7 +53,7 @@ def models(tiny_llama_dir):
     assert fused._fused is not None and ref._fused is None
     assert ref.decode_step("fp32") == "per operator (weights other than 4-bit ones the int4 kernel takes)"
     assert fused.decode_step("fp32") == "cpu (fused C layers, 1 to 8 lanes)"
-    assert fused.decode_step("hq-e8-2b").startswith("per operator (the fused step reads fp32 pages")
+    assert fused.decode_step("bf16").startswith("per operator (the fused step reads fp32 or hq-e8-2b pages")
     return src.spec, fused, ops, ref
 
 
@@ -129,3 +131,63 @@ def test_the_switch_turns_it_off():
     env = {**os.environ, "IGNIS_DENSE_CPU_KERNEL": "0"}                 # a kernel it is made of, off: off too
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False disabled by IGNIS_DENSE_CPU_KERNEL=0"
+
+
+# hq-e8-2b: 16-token pages, a 32-token window (Wp 2, the ring 48 tokens), 4 sinks; the lanes' decode steps cross
+# sink writes (lane 0 at positions 2, 3), the centre fixed and page 0 encoded (lane 1 at 48) and page 2 leaving the
+# window (lane 2 at 80); their state slots are not their row order
+HQ_PT, HQ_LENS, HQ_SLOTS = 16, (2, 45, 78), (2, 0, 1)
+HQ_TABLES = ([10], [3, 0, 8, 5], [1, 7, 2, 9, 4, 6])
+
+
+def _hq_run(model, spec, steps: int, lanes: tuple[int, ...]):
+    """_run over hq-e8-2b pages and their exact windows: (per step the logits, the state store, the KV store)."""
+    fmt = HQFormat("hq-e8-2b", "hq-e8-2b", "float32", exact_window=32, exact_sinks=4, page_tokens=HQ_PT)
+    stable = rope_stable_dims(spec)
+    kv = KVStore(fmt, spec, 11, page_tokens=HQ_PT, center_dims=stable, page_center_dims=1 - stable)
+    st = StateStore(fmt.seq_state_buffers(spec), 3)
+    g = torch.Generator().manual_seed(5)
+    seqs = {i: torch.randint(3, 1000, (HQ_LENS[i],), generator=g).tolist() for i in lanes}
+    for i in lanes:
+        model.forward(ForwardBatch.build([SeqChunk(seqs[i], 0, HQ_TABLES[i], "last", HQ_SLOTS[i])], HQ_PT), kv, st)
+    out = []
+    for s in range(steps):
+        chunks = [SeqChunk([(7 * s + 13 * i) % 900 + 5], HQ_LENS[i] + s, HQ_TABLES[i], "last", HQ_SLOTS[i])
+                  for i in lanes]
+        out.append(model.forward(ForwardBatch.build(chunks, HQ_PT), kv, st))
+    return out, st, kv
+
+
+@pytest.mark.parametrize("lanes", [(0,), (1,), (2,), (0, 1, 2)])
+def test_fused_decode_over_hq_pages_matches_the_operator_paths(models, lanes, monkeypatch):
+    spec, fused, ops, _ = models
+    calls = []
+    real = fused._fused.run
+    monkeypatch.setattr(fused._fused, "run", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    got, st_got, kv_got = _hq_run(fused, spec, 8, lanes)
+    assert calls == [len(lanes)] * 8                                    # every decode step fused
+    same, st_ops, kv_ops = _hq_run(ops, spec, 8, lanes)                 # the C attention and window kernels
+    monkeypatch.setenv("IGNIS_HQ_ATTENTION", "reference")
+    want, st_ref, _ = _hq_run(ops, spec, 8, lanes)                      # the torch attention (hq_decode.py)
+    for a, b, c in zip(got, same, want):
+        scale = c.abs().max()
+        assert (a - b).abs().max() <= 2e-5 * scale
+        assert (a - c).abs().max() <= 1e-4 * scale
+        assert torch.equal(a.argmax(-1), c.argmax(-1))
+    for name in ("kv_window", "kv_sinks", "kv_center"):                 # the exact tokens and centres written
+        torch.testing.assert_close(st_got.buffer(name), st_ref.buffer(name), rtol=1e-5, atol=1e-6)
+        assert st_got.buffer(name).abs().sum() > 0 or name == "kv_center" and lanes == (0,)
+    codes, want_codes = kv_got.buffer("codes"), kv_ops.buffer("codes")
+    assert (codes != want_codes).float().mean() <= 1e-3                 # the pages encoded (a rounding tie may flip)
+    assert (codes != 0).any() == (lanes != (0,))
+
+
+def test_hq_pages_under_another_attention_backend_take_the_operator_path(models, monkeypatch):
+    spec, fused, _, _ = models
+    assert fused.decode_step("hq-e8-2b") == "cpu (fused C layers, 1 to 8 lanes)"
+    monkeypatch.setenv("IGNIS_HQ_ATTENTION", "reference")
+    assert fused.decode_step("hq-e8-2b") == "per operator (IGNIS_HQ_ATTENTION picks another hq-e8-2b backend)"
+    calls = []
+    monkeypatch.setattr(fused._fused, "run", lambda *a: calls.append(1))
+    _hq_run(fused, spec, 1, (1,))
+    assert calls == []
