@@ -65,6 +65,7 @@ def test_smollm_hq_answers_paris_and_reports_the_format(smollm_hq):
     assert 'kv_decode_kernel="cpu (fused C kernel)"' in plan, plan
     assert 'kv_encode_kernel="cpu (C nearest-codeword kernel)"' in plan, plan
     assert 'kv_window_kernel="cpu (C decode-row kernel)"' in plan, plan
+    assert 'decode_step="cpu (fused C layers, 1 to 8 lanes)"' in plan, plan    # the window written in the step
 
 
 def _turns(c, daemon, off, system_words):
