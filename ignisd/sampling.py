@@ -7,6 +7,7 @@ tokens whatever else is running.
 """
 from __future__ import annotations
 
+import math
 import secrets
 
 import torch
@@ -70,12 +71,24 @@ def warp_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 def sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
     """Pick the next token id from one row of raw logits ([V] float32).
 
-    Greedy (temperature 0) is argmax (lowest id on exact ties) and draws nothing from the generator.
+    Greedy (temperature 0) is argmax (lowest id on exact ties) and draws nothing from the generator. Otherwise one
+    draw by inversion of the warped distribution's CDF: the first token whose cumulative probability (float64)
+    exceeds u·total, u uniform in [0, 1) from the request's generator; a token of probability 0 is never picked.
+    (torch.multinomial draws the same distribution but took 1.35 ms for one draw over SmolLM2's 49,152 tokens on
+    this project's EPYC, about an eighth of a decode step; this takes about 0.1 ms.) Raises ValueError when the
+    warped logits hold no finite probability.
     """
     if p.greedy:
         return int(torch.argmax(logits))
-    probs = warp_logits(logits, p).softmax(-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    cdf = warp_logits(logits, p).softmax(-1).double().cumsum(0)
+    total = float(cdf[-1])
+    if not math.isfinite(total) or total <= 0:
+        raise ValueError("sampling: the warped logits hold no finite probability (NaN or all -inf)")
+    u = float(torch.rand((), dtype=torch.float64, generator=generator)) * total
+    i = int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64), right=True))
+    if i >= cdf.numel():                    # u rounded up to the total: the last token of nonzero probability
+        i = int(torch.searchsorted(cdf, torch.tensor([total], dtype=torch.float64), right=False))
+    return i
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,

@@ -1,4 +1,6 @@
 """Sampling warpers against transformers' own logits processors (the independent oracle), and seeded generators."""
+import math
+
 import pytest
 import torch
 from transformers.generation.logits_process import (
@@ -78,3 +80,25 @@ def test_token_logprobs_rank_and_top():
     assert lp[0] == pytest.approx(float(ref[2]))
     assert ranks == [2]
     assert [t for t, _ in tops[0]] == [1, 2]
+
+
+def test_tokens_of_probability_zero_are_never_drawn():
+    # top-k 2 of 6: every draw is one of the two largest, in proportion e^2 : e^1 (4 sigma)
+    logits = torch.tensor([0.0, 2.0, -1.0, 1.0, 0.5, -3.0])
+    g = make_generator(11)
+    p = SamplingParams(max_tokens=1, temperature=1.0, top_k=2)
+    counts = torch.bincount(torch.tensor([sample_row(logits, p, g) for _ in range(5000)]), minlength=6).float()
+    assert counts[[0, 2, 4, 5]].sum() == 0
+    share = math.e / (math.e + 1)                       # P(token 1) = e² / (e² + e¹)
+    assert abs(counts[1] - 5000 * share) < 4 * math.sqrt(5000 * share * (1 - share))
+
+
+def test_a_draw_at_the_top_of_the_range_takes_the_last_token_of_nonzero_probability(monkeypatch):
+    logits = torch.tensor([1.0, 0.0, float("-inf"), float("-inf")])
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.tensor(1.0, dtype=torch.float64))   # u·total = total
+    assert sample_row(logits, SamplingParams(max_tokens=1, temperature=1.0), make_generator(0)) == 1
+
+
+def test_no_finite_probability_is_refused():
+    with pytest.raises(ValueError, match="no finite probability"):
+        sample_row(torch.full((4,), float("nan")), SamplingParams(max_tokens=1, temperature=1.0), make_generator(0))
