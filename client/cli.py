@@ -24,7 +24,7 @@ import time
 
 from .client import Client, DaemonNotRunning, IgnisError, ReplyTimeout
 from .framing import MAX_TIMEOUT_S
-from .sampling_fields import MAX_TEMPERATURE
+from .sampling_fields import MAX_TEMPERATURE, SEED_MAX, SEED_MIN
 from .status_view import render_status
 from .wire import MAX_TOKENS_LIMIT
 
@@ -73,6 +73,17 @@ def _max_tokens(text: str) -> int:
     return v
 
 
+def _seed(text: str) -> int:
+    """--seed: a whole number from SEED_MIN to SEED_MAX, the sampling field's range (argparse's error, exit 2)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = None
+    if v is None or not SEED_MIN <= v <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be a whole number from {SEED_MIN:,} to {SEED_MAX:,}, got {text!r}")
+    return v
+
+
 def _timeout(text: str) -> float:
     """--timeout: seconds, a finite number above 0 and at most MAX_TIMEOUT_S."""
     return _positive(text, MAX_TIMEOUT_S, f"a number of seconds above 0 and at most {MAX_TIMEOUT_S:,} (leave "
@@ -101,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-tokens", type=_max_tokens, default=None,
                       help="cap on generated tokens (default: the daemon's)")
     chat.add_argument("--temperature", type=_temperature, default=0.0, help="sampling temperature (default 0: greedy)")
-    chat.add_argument("--seed", type=int, default=None, help="sampling seed")
+    chat.add_argument("--seed", type=_seed, default=None, help="sampling seed (a fixed seed repeats the answer)")
     status = sub.add_parser("status", parents=[common], help="draw the pools, lanes, queue and retained states")
     status.add_argument("--watch", action="store_true", help="redraw every second until interrupted")
     status.add_argument("--json", action="store_true", help="print the raw status op as JSON")

@@ -56,8 +56,9 @@ def _terminal(ev: dict) -> bool:
 
 def _unwritable(v: Any, path: str, text: bool) -> tuple[str, str] | None:
     """The first value under `v` that a JSON request cannot carry faithfully, as (field path, why), else None:
-    a non-finite float; with ``text``, also a str that is not valid UTF-8 (a lone surrogate) and an int outside
-    JSON's 64-bit range. Paths look like the daemon's: ``messages[0].content``."""
+    a non-finite float; with ``text`` (after orjson refused the request), also a str or object key that is not valid
+    UTF-8 (a lone surrogate), an int outside JSON's 64-bit range, an object key other than a str or an int, and a
+    value of no JSON type (bytes, a set). Paths look like the daemon's: ``messages[0].content``."""
     if isinstance(v, float):
         return None if math.isfinite(v) else (path, f"must be a finite number, got {v}")
     if isinstance(v, str):
@@ -72,8 +73,16 @@ def _unwritable(v: Any, path: str, text: bool) -> tuple[str, str] | None:
     if isinstance(v, int):
         return (path, f"integer {v} is outside the 64-bit range JSON carries") \
             if text and not -2 ** 63 <= v < 2 ** 64 else None
-    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, (list, tuple)) else ()
+    if not isinstance(v, (dict, list, tuple)):
+        return (path or "request", f"a {type(v).__name__} has no JSON form") if text else None
+    items = v.items() if isinstance(v, dict) else enumerate(v)
     for k, x in items:
+        if text and isinstance(v, dict):
+            key = _unwritable(k, path or "request", text) if isinstance(k, str) else None
+            if key:
+                return key[0], f"an object key {key[1]}"
+            if not isinstance(k, (str, int)) or isinstance(k, bool):
+                return (path or "request"), f"key {k!r} is not a str or an int (a JSON object key)"
         sub = f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k))
         found = _unwritable(x, sub, text)
         if found:
@@ -133,7 +142,7 @@ class _Base:
         try:
             line = None if bad else encode({"id": rid, "op": op, **fields,
                                             **({"api_key": self.api_key} if self.api_key is not None
-                                               and op != "health" else {})})
+                                               and op != "health" else {})}, int_keys=True)
         except (orjson.JSONEncodeError, TypeError) as e:
             bad = _unwritable(fields, "", text=True) or ("", f"cannot be written as JSON: {e}")
         if bad:

@@ -13,6 +13,7 @@ from .wire import (MAX_STOP, MAX_TOKENS_LIMIT, ProtocolError, _bad, _bool, _int,
                    _shown)
 
 MAX_TEMPERATURE = 2.0   # the temperature field's upper bound (OpenAI's); 0 is greedy
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1   # the seed field's range (what JSON's 64-bit integers carry); taken mod 2^64
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def parse_sampling(obj: dict) -> Sampling:
         top_p=_opt(obj, "top_p", 1.0, _num, 0.0, 1.0, True),
         top_k=_opt(obj, "top_k", 0, _int, 0, MAX_TOKENS_LIMIT),
         min_p=_opt(obj, "min_p", 0.0, _num, 0.0, 1.0),
-        seed=_opt(obj, "seed", None, _int, -(2**63), 2**64 - 1),
+        seed=_opt(obj, "seed", None, _int, SEED_MIN, SEED_MAX),
         stop=stops,
         ignore_eos=_opt(obj, "ignore_eos", False, _bool),
         logit_bias=_logit_bias(obj.get("logit_bias")),

@@ -81,9 +81,21 @@ def decode_line(line: bytes, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, what:
     return obj
 
 
-def encode(obj: Any) -> bytes:
-    """Serialise one reply or request as a framed line: compact UTF-8 JSON + ``b"\\n"``."""
-    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+def encode(obj: Any, int_keys: bool = False) -> bytes:
+    """Serialise one reply or request as a framed line: compact UTF-8 JSON + ``b"\\n"``. int_keys: write int object
+    keys as their decimal strings (a client's ``logit_bias={12: -100}``, as json.dumps does); other non-str keys
+    still raise orjson.JSONEncodeError."""
+    opt = orjson.OPT_SERIALIZE_NUMPY | (orjson.OPT_NON_STR_KEYS if int_keys else 0)
+    if int_keys and _odd_keys(obj):
+        raise orjson.JSONEncodeError("an object key other than a str or an int")
+    return orjson.dumps(obj, option=opt) + b"\n"
+
+
+def _odd_keys(v: Any) -> bool:
+    """Whether an object under `v` has a key other than a str or an int (OPT_NON_STR_KEYS would write it)."""
+    if isinstance(v, dict):
+        return any(not isinstance(k, (str, int)) or isinstance(k, bool) or _odd_keys(x) for k, x in v.items())
+    return isinstance(v, (list, tuple)) and any(_odd_keys(x) for x in v)
 
 
 def _json_type(v: Any) -> str:

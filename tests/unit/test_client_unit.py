@@ -199,6 +199,14 @@ def test_api_key_sent_except_for_health(daemon):
     assert "api_key" not in daemon.requests[0] and daemon.requests[1]["api_key"] == "sekrit"
 
 
+def test_int_token_ids_as_logit_bias_keys_go_out_as_json_strings(daemon):
+    """logit_bias={12: -100} (Python's natural spelling; json.dumps writes "12") used to fail in the client with
+    orjson's "Dict key must be str" and no field."""
+    with Client(daemon.path, timeout=5) as c:
+        c.chat("hi", logit_bias={12: -100, "7": 5})
+    assert daemon.requests[-1]["logit_bias"] == {"12": -100, "7": 5}
+
+
 def test_client_refuses_an_oversized_line_itself(daemon):
     with Client(daemon.path, timeout=5, max_line_bytes=1024) as c:
         with pytest.raises(IgnisError) as ei:
@@ -220,6 +228,10 @@ def test_client_owned_fields_and_unencodable_text_fail_at_once(daemon):
         with pytest.raises(ValueError, match=r"^op: "):
             next(iter(c.stream("chat", op="status", messages=[])))
         for call, field in ((lambda: c.chat("bad \ud800 text"), "messages[0].content"),
+                            (lambda: c.chat("hi", logit_bias={"\ud800": 1}), "logit_bias"),
+                            (lambda: c.chat("hi", logit_bias={(1, 2): 1}), "logit_bias"),
+                            (lambda: c.chat("hi", stop={"a"}), "stop"),
+                            (lambda: c.chat([{"role": "user", "content": b"hi"}]), "messages[0].content"),
                             (lambda: c.chat("hi", temperature=float("nan")), "temperature"),
                             (lambda: c.chat("hi", max_tokens=2 ** 64), "max_tokens"),
                             (lambda: c.chat([{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]),
@@ -333,6 +345,8 @@ NUMBER_OPTIONS = {   # option: (argv before it, what the refusal says is wanted)
     "--temperature": (["chat", "hi"], "a number from 0 (greedy) to 2"),
     # -1 reached the daemon and came back as an error after connecting (exit 1)
     "--max-tokens": (["chat", "hi"], "a whole number from 1 to 2,147,483,647"),
+    # "abc" had no range in argparse's "invalid int value", and 2^70 reached the client's encoder (exit 1)
+    "--seed": (["chat", "hi"], "a whole number from -9,223,372,036,854,775,808 to 18,446,744,073,709,551,615"),
     # a negative rate priced the lost tokens at negative seconds
     "--prefill-rate": (["lint", "/nonexistent/trace.jsonl"], "prefill tokens/s, a finite number above 0"),
 }
@@ -341,7 +355,8 @@ NUMBER_OPTIONS = {   # option: (argv before it, what the refusal says is wanted)
 @pytest.mark.parametrize("option, bad", [("--timeout", b) for b in ("0", "-1", "inf", "nan", "abc", "2e9")]
                          + [("--temperature", b) for b in ("-1", "2.5", "nan", "inf", "warm")]
                          + [("--prefill-rate", b) for b in ("0", "-500", "inf", "nan", "fast")]
-                         + [("--max-tokens", b) for b in ("0", "-1", "2147483648", "1.5", "many")])
+                         + [("--max-tokens", b) for b in ("0", "-1", "2147483648", "1.5", "many")]
+                         + [("--seed", b) for b in ("abc", "1.5", str(2**64), str(-2**63 - 1))])
 def test_cli_number_options_are_checked_as_typed(option, bad, capsys):
     """argparse refuses each before any connection, exit 2, naming the option and echoing the text given."""
     before, wanted = NUMBER_OPTIONS[option]
@@ -355,6 +370,11 @@ def test_cli_number_options_are_checked_as_typed(option, bad, capsys):
 @pytest.mark.parametrize("ok, want", [("1", 1), ("2147483647", 2**31 - 1)])
 def test_cli_max_tokens_takes_the_range_ends(ok, want):
     assert cli._parser().parse_args(["chat", "hi", "--max-tokens", ok]).max_tokens == want
+
+
+@pytest.mark.parametrize("ok, want", [(str(-2**63), -2**63), (str(2**64 - 1), 2**64 - 1), ("7", 7)])
+def test_cli_seed_takes_the_range_ends(ok, want):
+    assert cli._parser().parse_args(["chat", "hi", "--seed", ok]).seed == want
 
 
 @pytest.mark.parametrize("ok, want", [("0", 0.0), ("2", 2.0), ("0.7", 0.7)])
