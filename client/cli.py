@@ -1,6 +1,7 @@
 """The ``ignis`` command: talk to a running ignisd.
 
-    ignis chat "text" [--system S] [--max-tokens N] [--temperature T] [--seed N]   streams the answer (greedy)
+    ignis chat "text" [--system S] [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]
+               [--seed N]              streams the answer (greedy unless --temperature)
     ignis status [--watch] [--json]    the pools, lanes, queue and retained states as text bars (--json: the raw op)
     ignis metrics | ignis health
     ignis lint TRACE [--json] [--prefill-rate TOK_S] [--color auto|always|never]
@@ -84,6 +85,27 @@ def _seed(text: str) -> int:
     return v
 
 
+def _top_p(text: str) -> float:
+    """--top-p: above 0 and at most 1 (the sampling field's range)."""
+    return _in_range(text, 0.0, 1.0, "a number above 0 and at most 1")
+
+
+def _min_p(text: str) -> float:
+    """--min-p: 0 (off) to 1 (the sampling field's range)."""
+    return _in_range(text, 0.0, 1.0, "a number from 0 (off) to 1", lo_open=False)
+
+
+def _top_k(text: str) -> int:
+    """--top-k: a whole number from 0 (off) to MAX_TOKENS_LIMIT (the sampling field's range)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v <= MAX_TOKENS_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 0 (off) to {MAX_TOKENS_LIMIT:,}, got {text!r}")
+    return v
+
+
 def _timeout(text: str) -> float:
     """--timeout: seconds, a finite number above 0 and at most MAX_TIMEOUT_S."""
     return _positive(text, MAX_TIMEOUT_S, f"a number of seconds above 0 and at most {MAX_TIMEOUT_S:,} (leave "
@@ -112,6 +134,9 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-tokens", type=_max_tokens, default=None,
                       help="cap on generated tokens (default: the daemon's)")
     chat.add_argument("--temperature", type=_temperature, default=0.0, help="sampling temperature (default 0: greedy)")
+    chat.add_argument("--top-p", type=_top_p, default=None, help="nucleus sampling mass (default 1: off)")
+    chat.add_argument("--top-k", type=_top_k, default=None, help="sample among the K likeliest (default 0: off)")
+    chat.add_argument("--min-p", type=_min_p, default=None, help="drop tokens below P × the likeliest's probability")
     chat.add_argument("--seed", type=_seed, default=None, help="sampling seed (a fixed seed repeats the answer)")
     status = sub.add_parser("status", parents=[common], help="draw the pools, lanes, queue and retained states")
     status.add_argument("--watch", action="store_true", help="redraw every second until interrupted")
@@ -173,7 +198,7 @@ def _chat(client: Client, args: argparse.Namespace) -> int:
     out, err = sys.stdout, sys.stderr
     in_reasoning = False
     events = client.chat(messages, stream=True, max_tokens=args.max_tokens, temperature=args.temperature,
-                         seed=args.seed)
+                         top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed)
     try:
         for ev in events:
             if ev["type"] == "delta":

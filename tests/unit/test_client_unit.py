@@ -320,6 +320,14 @@ def test_cli_chat_streams_greedy(daemon, capsys):
     req = daemon.requests[0]
     assert req["temperature"] == 0 and req["stream"] is True and req["max_tokens"] == 9
     assert req["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert not {"top_p", "top_k", "min_p", "seed"} & req.keys()        # left to the daemon's defaults
+
+
+def test_cli_chat_sends_the_sampling_options(daemon, capsys):
+    assert cli.main(["chat", "hi", "--socket", daemon.path, "--temperature", "0.7", "--top-p", "0.9", "--top-k",
+                     "40", "--min-p", "0.05", "--seed", "3"]) == 0
+    req = daemon.requests[0]
+    assert (req["temperature"], req["top_p"], req["top_k"], req["min_p"], req["seed"]) == (0.7, 0.9, 40, 0.05, 3)
 
 
 def test_cli_chat_cut_at_max_tokens_is_a_success_with_a_note(daemon, capsys):
@@ -347,6 +355,9 @@ NUMBER_OPTIONS = {   # option: (argv before it, what the refusal says is wanted)
     "--max-tokens": (["chat", "hi"], "a whole number from 1 to 2,147,483,647"),
     # "abc" had no range in argparse's "invalid int value", and 2^70 reached the client's encoder (exit 1)
     "--seed": (["chat", "hi"], "a whole number from -9,223,372,036,854,775,808 to 18,446,744,073,709,551,615"),
+    "--top-p": (["chat", "hi"], "a number above 0 and at most 1"),
+    "--top-k": (["chat", "hi"], "a whole number from 0 (off) to 2,147,483,647"),
+    "--min-p": (["chat", "hi"], "a number from 0 (off) to 1"),
     # a negative rate priced the lost tokens at negative seconds
     "--prefill-rate": (["lint", "/nonexistent/trace.jsonl"], "prefill tokens/s, a finite number above 0"),
 }
@@ -356,7 +367,10 @@ NUMBER_OPTIONS = {   # option: (argv before it, what the refusal says is wanted)
                          + [("--temperature", b) for b in ("-1", "2.5", "nan", "inf", "warm")]
                          + [("--prefill-rate", b) for b in ("0", "-500", "inf", "nan", "fast")]
                          + [("--max-tokens", b) for b in ("0", "-1", "2147483648", "1.5", "many")]
-                         + [("--seed", b) for b in ("abc", "1.5", str(2**64), str(-2**63 - 1))])
+                         + [("--seed", b) for b in ("abc", "1.5", str(2**64), str(-2**63 - 1))]
+                         + [("--top-p", b) for b in ("0", "2", "-0.5", "nan", "most")]
+                         + [("--top-k", b) for b in ("-1", "2147483648", "4.5", "all")]
+                         + [("--min-p", b) for b in ("-0.1", "1.5", "nan", "some")])
 def test_cli_number_options_are_checked_as_typed(option, bad, capsys):
     """argparse refuses each before any connection, exit 2, naming the option and echoing the text given."""
     before, wanted = NUMBER_OPTIONS[option]
