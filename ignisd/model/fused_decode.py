@@ -126,12 +126,13 @@ class FusedDecode:
 
     def _hq_context(self, kv, states) -> llama_cpu.HQContext:
         """The C context of the layers' hq-e8-2b pages in `kv` and window buffers in `states` (rebuilt when either
-        holds other tensors). Raises ValueError for buffers of other dtypes or layouts."""
+        holds other tensors or the format differs: its window, sinks, centering and α are constants of the context).
+        Raises ValueError for buffers of other dtypes or layouts."""
         fmt, d = kv.format, self.geometry[2]
         names = ["kv_window"] + (["kv_sinks"] if fmt.exact_sinks else []) + (["kv_center"] if fmt.centering else [])
         state = {n: states.buffer(n) for n in names}
         pool = [kv.buffer(n) for n in ("codes", "scale", "resid", "center")]
-        key = tuple((t.data_ptr(), t.shape) for t in (*pool, *state.values()))
+        key = (fmt, kv.page_tokens, *((t.data_ptr(), t.shape) for t in (*pool, *state.values())))
         if self._tables.get("hq", (None,))[0] != key:
             if not all(t.is_contiguous() for t in pool) or [t.dtype for t in pool] != [
                     torch.int16, torch.float32, torch.float16, torch.uint8]:
