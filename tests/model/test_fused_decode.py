@@ -140,9 +140,11 @@ HQ_PT, HQ_LENS, HQ_SLOTS = 16, (2, 45, 78), (2, 0, 1)
 HQ_TABLES = ([10], [3, 0, 8, 5], [1, 7, 2, 9, 4, 6])
 
 
-def _hq_run(model, spec, steps: int, lanes: tuple[int, ...]):
-    """_run over hq-e8-2b pages and their exact windows: (per step the logits, the state store, the KV store)."""
-    fmt = HQFormat("hq-e8-2b", "hq-e8-2b", "float32", exact_window=32, exact_sinks=4, page_tokens=HQ_PT)
+def _hq_run(model, spec, steps: int, lanes: tuple[int, ...], **fmt_args):
+    """_run over hq-e8-2b pages and their exact windows: (per step the logits, the state store, the KV store).
+    fmt_args: HQFormat fields other than this test's defaults (a 32-token window, 4 sinks, the format's centering)."""
+    fmt = HQFormat("hq-e8-2b", "hq-e8-2b", "float32", page_tokens=HQ_PT,
+                   **{"exact_window": 32, "exact_sinks": 4, **fmt_args})
     stable = rope_stable_dims(spec)
     kv = KVStore(fmt, spec, 11, page_tokens=HQ_PT, center_dims=stable, page_center_dims=1 - stable)
     st = StateStore(fmt.seq_state_buffers(spec), 3)
@@ -180,6 +182,19 @@ def test_fused_decode_over_hq_pages_matches_the_operator_paths(models, lanes, mo
     codes, want_codes = kv_got.buffer("codes"), kv_ops.buffer("codes")
     assert (codes != want_codes).float().mean() <= 1e-3                 # the pages encoded (a rounding tie may flip)
     assert (codes != 0).any() == (lanes != (0,))
+
+
+@pytest.mark.parametrize("fmt_args", [{"exact_sinks": 0, "centering": ""}, {"exact_window": 16, "centering": "k"}])
+def test_fused_decode_over_hq_pages_without_sinks_or_centre_or_with_a_one_page_window(models, fmt_args):
+    """No sink buffer and no centre (the kernel's NULL paths); a one-page window (Wp 1: pages leave at 32, 48, ...)
+    under key centering (keys centred, no μ_V added back)."""
+    spec, fused, ops, _ = models
+    got, st_got, _ = _hq_run(fused, spec, 8, (0, 1, 2), **fmt_args)
+    want, st_ops, _ = _hq_run(ops, spec, 8, (0, 1, 2), **fmt_args)
+    for a, b in zip(got, want):
+        assert (a - b).abs().max() <= 2e-5 * b.abs().max()
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+    torch.testing.assert_close(st_got.buffer("kv_window"), st_ops.buffer("kv_window"), rtol=1e-5, atol=1e-6)
 
 
 def test_hq_pages_under_another_attention_backend_take_the_operator_path(models, monkeypatch):
