@@ -62,27 +62,27 @@ def _temperature(text: str) -> float:
     return _in_range(text, 0.0, MAX_TEMPERATURE, f"a number from 0 (greedy) to {MAX_TEMPERATURE:g}", lo_open=False)
 
 
-def _max_tokens(text: str) -> int:
-    """--max-tokens: a whole number from 1 to MAX_TOKENS_LIMIT, the sampling field's range (the daemon would refuse
-    the rest after connecting, exit 1; this is argparse's error, exit 2, like --temperature's)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if not 1 <= v <= MAX_TOKENS_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_TOKENS_LIMIT:,}, got {text!r}")
-    return v
-
-
-def _seed(text: str) -> int:
-    """--seed: a whole number from SEED_MIN to SEED_MAX, the sampling field's range (argparse's error, exit 2)."""
+def _whole(text: str, lo: int, hi: int, wanted: str) -> int:
+    """An option's whole number from `lo` to `hi`; else argparse's error (it names the option, exit 2) saying
+    `wanted` and the text given."""
     try:
         v = int(text)
     except ValueError:
         v = None
-    if v is None or not SEED_MIN <= v <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"must be a whole number from {SEED_MIN:,} to {SEED_MAX:,}, got {text!r}")
+    if v is None or not lo <= v <= hi:
+        raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
     return v
+
+
+def _max_tokens(text: str) -> int:
+    """--max-tokens: a whole number from 1 to MAX_TOKENS_LIMIT, the sampling field's range (the daemon would refuse
+    the rest after connecting, exit 1; this is argparse's error, exit 2, like --temperature's)."""
+    return _whole(text, 1, MAX_TOKENS_LIMIT, f"a whole number from 1 to {MAX_TOKENS_LIMIT:,}")
+
+
+def _seed(text: str) -> int:
+    """--seed: a whole number from SEED_MIN to SEED_MAX, the sampling field's range (argparse's error, exit 2)."""
+    return _whole(text, SEED_MIN, SEED_MAX, f"a whole number from {SEED_MIN:,} to {SEED_MAX:,}")
 
 
 def _top_p(text: str) -> float:
@@ -97,13 +97,7 @@ def _min_p(text: str) -> float:
 
 def _top_k(text: str) -> int:
     """--top-k: a whole number from 0 (off) to MAX_TOKENS_LIMIT (the sampling field's range)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if not 0 <= v <= MAX_TOKENS_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 0 (off) to {MAX_TOKENS_LIMIT:,}, got {text!r}")
-    return v
+    return _whole(text, 0, MAX_TOKENS_LIMIT, f"a whole number from 0 (off) to {MAX_TOKENS_LIMIT:,}")
 
 
 def _timeout(text: str) -> float:

@@ -84,11 +84,13 @@ def decode_line(line: bytes, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, what:
 def encode(obj: Any, int_keys: bool = False) -> bytes:
     """Serialise one reply or request as a framed line: compact UTF-8 JSON + ``b"\\n"``. int_keys: write int object
     keys as their decimal strings (a client's ``logit_bias={12: -100}``, as json.dumps does); other non-str keys
-    still raise orjson.JSONEncodeError."""
-    opt = orjson.OPT_SERIALIZE_NUMPY | (orjson.OPT_NON_STR_KEYS if int_keys else 0)
-    if int_keys and _odd_keys(obj):
-        raise orjson.JSONEncodeError("an object key other than a str or an int")
-    return orjson.dumps(obj, option=opt) + b"\n"
+    still raise orjson.JSONEncodeError. Objects with only str keys take the plain path (no walk of the object)."""
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+    except orjson.JSONEncodeError:
+        if not int_keys or _odd_keys(obj):
+            raise
+    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS) + b"\n"
 
 
 def _odd_keys(v: Any) -> bool:

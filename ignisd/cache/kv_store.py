@@ -173,13 +173,13 @@ class KVStore:
         decode step pays when a page of every layer leaves the window at once."""
         u = u.float()
         n = u.shape[1]
-        if self.format.tag != "hq-e8-2b" or self._quantize is not _e8p_fields:   # a quantizer reading the signs
-            for i, layer in enumerate(layers):
-                fields = self._quantize(u[i], self.signs[layer]) if self.format.tag != "hq-e8-2b" else \
-                    self._centred_fields([layer], u[i:i + 1], first)
-                self._write_fields([layer], slots, fields, n)
+        hq = self.format.tag == "hq-e8-2b"
+        if hq and self._quantize is _e8p_fields:                             # E8P reads no signs: one pass
+            self._write_fields(layers, slots, self._centred_fields(layers, u, first), n)
             return
-        self._write_fields(layers, slots, self._centred_fields(layers, u, first), n)
+        for i, layer in enumerate(layers):                                   # a quantizer reading each layer's signs
+            fields = self._centred_fields([layer], u[i:i + 1], first) if hq else self._quantize(u[i], self.signs[layer])
+            self._write_fields([layer], slots, fields, n)
 
     def _centred_fields(self, layers: list[int], u: torch.Tensor, first: torch.Tensor | None) -> dict:
         """hq-e8-2b's page buffer values of u [len(layers), N, 2, Hkv, d] (whole pages): each page's keys relative

@@ -33,7 +33,7 @@ def _int4(lin) -> bool:
             and lin.out_features % 32 == 0 and lin.in_features % 32 == 0)
 
 
-def _hq_why_not(kv_format: str) -> str:
+def _format_why_not(kv_format: str) -> str:
     """'' when the fused step can read `kv_format` pages here, else why not."""
     if kv_format not in FORMATS:
         return f"the fused step reads fp32 or hq-e8-2b pages, not {kv_format}"
@@ -96,7 +96,7 @@ class FusedDecode:
 
     def describe(self, kv_format: str, batch_invariant: bool) -> str:
         """The vram_plan's decode_step value when the step is fused for this model: which decode steps take it."""
-        why = _hq_why_not(kv_format)
+        why = _format_why_not(kv_format)
         if why:
             return f"per operator ({why})"
         if batch_invariant:
@@ -112,7 +112,7 @@ class FusedDecode:
         fmt = getattr(kv, "kv_format", "")
         if fmt == "hq-e8-2b" and (plan.decode_slots is None or kv.format.exact_dtype != "float32"):
             return False
-        return not _hq_why_not(fmt)
+        return not _format_why_not(fmt)
 
     def _dense_table(self, kv):
         """The C table of the layers' fp32 pages in `kv` (rebuilt when the store's buffers are other tensors)."""

@@ -57,8 +57,8 @@ static int hq_attend(const void *actx, int l, const step_t *s, const float *q, c
         const float *mu = on ? kv->mu + slot * c->m_slot : NULL;
         float *ring = kv->win + slot * c->w_slot + (pos % c->ring) * c->w_r;
         float *sink = kv->sinks && pos < c->n_sinks ? kv->sinks + slot * c->s_slot + pos * c->s_s : NULL;
-        rc |= window_write_row(k + (int64_t)t * kvd, v + (int64_t)t * v_stride, kv->signs, hkv, d, inv, mu, ring, c->w_kind, c->w_h,
-                               sink, c->s_kind, c->s_h);
+        rc |= window_write_row(k + (int64_t)t * kvd, v + (int64_t)t * v_stride, kv->signs, hkv, d, inv, mu, ring,
+                               c->w_kind, c->w_h, sink, c->s_kind, c->s_h);
         if (cv && on) memcpy(cv + (int64_t)t * kvd, mu + kvd, sizeof(float) * kvd);
     }
     if (rc == 0) {
